@@ -1,0 +1,264 @@
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers._utils import (
+    check_positive,
+    check_rate,
+    clone_initializer,
+)
+
+# Added to the logits of masked keys. Large enough that exp() underflows to
+# exactly 0 in float32, small enough to stay finite after scaling.
+_MASK_LOGIT = -1e9
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product attention (Vaswani et al., 2017, 3.2).
+
+    ``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O`` with
+    ``head_i = softmax(Q W_i^Q (K W_i^K)^T / sqrt(d_k)) V W_i^V`` and
+    ``d_k = d_v = d_model / h``. The model dimension d_model is read from
+    the last axis of the query, so the layer takes only ``num_heads``.
+
+    The attention itself runs through `keras.ops.dot_product_attention`, so
+    each backend's fused kernel is used where it exists. When attention
+    weights are requested, or attention dropout is active in training, the
+    layer computes them explicitly (softmax in float32) instead.
+
+    Masks use 1 (or True) for positions that may be attended to:
+    ``key_padding_mask`` is ``(batch, key_length)``, ``attention_mask`` is
+    ``(batch, query_length, key_length)`` and ``use_causal_mask`` stops each
+    query from seeing later keys. They combine with a logical and.
+
+    Incremental decoding (section 3.2.3 in the decoder, one position at a
+    time) uses a key/value cache of shape
+    ``(batch, 2, max_length, num_heads, head_dim)``:
+
+    - self-attention: pass ``cache`` and ``cache_update_index``; the keys
+      and values of ``query`` are written into the cache at that index and
+      the query attends to cache positions ``<= cache_update_index + i``.
+    - cross-attention: compute the cache once with
+      `compute_key_value_cache(encoder_output)` and pass it as ``cache``
+      without an index; ``value`` is then ignored.
+
+    Args:
+        num_heads: h, the number of heads.
+        dropout: dropout rate on the attention weights (off in the paper's
+            base model; "attention dropout" in later implementations).
+        use_bias: whether the projections have biases.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+
+    Call arguments:
+        query: ``(batch, query_length, d_model)``.
+        value: ``(batch, key_length, d_model)``; defaults to ``query``.
+        key: defaults to ``value``.
+        key_padding_mask, attention_mask, use_causal_mask: see above.
+        cache, cache_update_index: see above.
+        return_attention_scores: also return the attention weights,
+            ``(batch, num_heads, query_length, key_length)``.
+        training: whether dropout is active.
+
+    Returns:
+        ``output``, then the attention weights if requested, then the
+        updated cache if a cache was passed.
+
+    Example:
+    >>> attention = MultiHeadAttention(num_heads=4)
+    >>> x = keras.ops.ones((2, 7, 64))
+    >>> attention(x, key_padding_mask=keras.ops.ones((2, 7))).shape
+    (2, 7, 64)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive("num_heads", num_heads)
+        self.dropout = check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        hidden_dim = query_shape[-1]
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must divide "
+                f"hidden_dim={hidden_dim} (d_k = d_model / h). Choose a "
+                "hidden_dim that is a multiple of num_heads."
+            )
+        self.hidden_dim = hidden_dim
+        self.head_dim = hidden_dim // self.num_heads
+        value_dim = hidden_dim if value_shape is None else value_shape[-1]
+        key_dim = value_dim if key_shape is None else key_shape[-1]
+
+        def projection(name, input_dim):
+            layer = keras.layers.EinsumDense(
+                "btd,dnh->btnh",
+                output_shape=(None, self.num_heads, self.head_dim),
+                bias_axes="nh" if self.use_bias else None,
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
+                dtype=self.dtype_policy,
+                name=name,
+            )
+            layer.build((None, None, input_dim))
+            return layer
+
+        self.query_dense = projection("query", hidden_dim)
+        self.key_dense = projection("key", key_dim)
+        self.value_dense = projection("value", value_dim)
+        self.output_dense = keras.layers.EinsumDense(
+            "btnh,nhd->btd",
+            output_shape=(None, hidden_dim),
+            bias_axes="d" if self.use_bias else None,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name="attention_output",
+        )
+        self.output_dense.build((None, None, self.num_heads, self.head_dim))
+        self.attention_dropout = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="attention_dropout"
+        )
+        self.built = True
+
+    def compute_key_value_cache(self, value, key=None):
+        """Projects encoder outputs once for cached cross-attention.
+
+        Returns a ``(batch, 2, key_length, num_heads, head_dim)`` tensor.
+        """
+        key = value if key is None else key
+        return ops.stack([self.key_dense(key), self.value_dense(value)], 1)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        key_padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        value = query if value is None else value
+        key = value if key is None else key
+        # (batch, query_length, num_heads, head_dim)
+        q = self.query_dense(query)
+        if cache is not None and cache_update_index is not None:
+            # Self-attention step: write this step's keys and values.
+            start = [0, cache_update_index, 0, 0]
+            k = ops.slice_update(cache[:, 0], start, self.key_dense(key))
+            v = ops.slice_update(cache[:, 1], start, self.value_dense(value))
+            cache = ops.stack([k, v], axis=1)
+        elif cache is not None:
+            # Cross-attention: keys and values were computed once.
+            k, v = cache[:, 0], cache[:, 1]
+        else:
+            k, v = self.key_dense(key), self.value_dense(value)
+
+        mask = self._merge_masks(
+            ops.shape(q)[1],
+            ops.shape(k)[1],
+            key_padding_mask,
+            attention_mask,
+            use_causal_mask,
+            cache_update_index,
+        )
+        explicit = return_attention_scores or (
+            self.dropout > 0 and training
+        )
+        if explicit:
+            output, scores = self._explicit_attention(q, k, v, mask, training)
+        else:
+            output = ops.dot_product_attention(
+                q, k, v, mask=mask, scale=1.0 / math.sqrt(self.head_dim)
+            )
+            scores = None
+        output = self.output_dense(output)
+
+        results = (output,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def _merge_masks(
+        self,
+        query_length,
+        key_length,
+        key_padding_mask,
+        attention_mask,
+        use_causal_mask,
+        cache_update_index,
+    ):
+        """Returns a boolean ``(batch or 1, 1, query, key)`` mask or None."""
+        mask = None
+
+        def merge(mask, new):
+            new = ops.cast(new, "bool")
+            return new if mask is None else ops.logical_and(mask, new)
+
+        if key_padding_mask is not None:
+            mask = merge(mask, key_padding_mask[:, None, None, :])
+        if attention_mask is not None:
+            mask = merge(mask, attention_mask[:, None, :, :])
+        if use_causal_mask:
+            offset = 0 if cache_update_index is None else cache_update_index
+            query_positions = ops.arange(query_length) + offset
+            key_positions = ops.arange(key_length)
+            causal = key_positions[None, :] <= query_positions[:, None]
+            mask = merge(mask, causal[None, None, :, :])
+        if mask is None:
+            return None
+        # A row with no visible key (a sequence that is all padding) would
+        # give NaN in some fused kernels; let it attend everywhere instead.
+        # Its output belongs to a padded position and is never used.
+        empty = ops.logical_not(ops.any(mask, axis=-1, keepdims=True))
+        return ops.logical_or(mask, empty)
+
+    def _explicit_attention(self, q, k, v, mask, training):
+        # Logits and softmax in float32, also under mixed precision.
+        q32 = ops.cast(q, "float32") * (1.0 / math.sqrt(self.head_dim))
+        # (batch, num_heads, query_length, key_length)
+        logits = ops.einsum("btnh,bsnh->bnts", q32, ops.cast(k, "float32"))
+        if mask is not None:
+            logits = ops.where(mask, logits, _MASK_LOGIT)
+        scores = ops.softmax(logits, axis=-1)
+        weights = self.attention_dropout(scores, training=training)
+        weights = ops.cast(weights, self.compute_dtype)
+        # (batch, query_length, num_heads, head_dim)
+        output = ops.einsum("bnts,bsnh->btnh", weights, v)
+        return output, scores
+
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config

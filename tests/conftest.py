@@ -1,0 +1,47 @@
+"""Test configuration: environment first, then Keras.
+
+`huggingface_hub` reads its settings once, at import, and `import keras`
+imports it, so they are set here before any test module imports Keras.
+The backend comes from ``KERAS_BACKEND`` (CI runs the suite once per
+backend); it defaults to JAX, the fastest on this CPU.
+"""
+
+import os
+import pathlib
+import tempfile
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault(
+    "HF_HOME", os.path.join(tempfile.gettempdir(), "keras-transformer-hf")
+)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(autouse=True)
+def _reset_keras_state():
+    """Each test starts with the float32 policy and fixed seeds."""
+    keras.config.set_dtype_policy("float32")
+    keras.utils.set_random_seed(0)
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture
+def multi30k_dir():
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    return MULTI30K
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
