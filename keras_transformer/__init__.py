@@ -15,7 +15,9 @@ _LAZY_SUBMODULES = ("data", "generation", "training", "hub")
 def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"keras_transformer.{name}")
-    raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
+    raise AttributeError(
+        f"module 'keras_transformer' has no attribute {name!r}"
+    )
 
 
 __all__ = ["Transformer", "layers", "models", "__version__"]

@@ -46,10 +46,12 @@ class ResidualBlockBase(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
-    def _sublayer_kwargs(self):
+    def _sublayer_kwargs(self, salt):
         return {
-            "kernel_initializer": clone_initializer(self.kernel_initializer),
-            "bias_initializer": clone_initializer(self.bias_initializer),
+            "kernel_initializer": clone_initializer(
+                self.kernel_initializer, salt
+            ),
+            "bias_initializer": clone_initializer(self.bias_initializer, salt),
             "dtype": self.dtype_policy,
         }
 
@@ -60,12 +62,12 @@ class ResidualBlockBase(keras.layers.Layer):
         norm.build(input_shape)
         return norm
 
-    def _attention(self, name, query_shape, value_shape=None):
+    def _attention(self, name, query_shape, value_shape=None, salt=0):
         attention = MultiHeadAttention(
             self.num_heads,
             dropout=self.attention_dropout,
             name=name,
-            **self._sublayer_kwargs(),
+            **self._sublayer_kwargs(salt),
         )
         attention.build(query_shape, value_shape)
         return attention
@@ -76,7 +78,7 @@ class ResidualBlockBase(keras.layers.Layer):
             activation=self.activation,
             activation_dropout=self.activation_dropout,
             name=name,
-            **self._sublayer_kwargs(),
+            **self._sublayer_kwargs(2),
         )
         feed_forward.build(input_shape)
         return feed_forward

@@ -1,15 +1,19 @@
 import keras
 
 
-def clone_initializer(initializer):
-    """A fresh copy of an initializer, one per sublayer.
+def clone_initializer(initializer, salt=0):
+    """A fresh copy of an initializer for one sublayer.
 
-    Sharing one seeded initializer object between sublayers gives them
-    identical weights; copying it from its config keeps the user's choice
-    without that trap.
+    A Keras initializer with an integer seed draws the same values at every
+    call, so sublayers sharing it (or a plain copy of it) would start with
+    identical weights. Each sublayer passes its own ``salt``, which derives
+    a distinct seed; unseeded initializers are simply copied.
     """
     initializer = keras.initializers.get(initializer)
-    return initializer.__class__.from_config(initializer.get_config())
+    config = initializer.get_config()
+    if isinstance(config.get("seed"), int):
+        config["seed"] = (config["seed"] * 1_000_003 + salt + 1) % 2**31
+    return initializer.__class__.from_config(config)
 
 
 def check_rate(name, value):

@@ -51,7 +51,7 @@ class TransformerDecoderLayer(ResidualBlockBase):
         self.self_attention_norm = self._norm("self_attention_norm", shape)
         self.self_attention_dropout = self._dropout("self_attention_dropout")
         self.cross_attention = self._attention(
-            "cross_attention", shape, encoder_sequence_shape
+            "cross_attention", shape, encoder_sequence_shape, salt=1
         )
         self.cross_attention_norm = self._norm("cross_attention_norm", shape)
         self.cross_attention_dropout = self._dropout("cross_attention_dropout")
@@ -160,4 +160,3 @@ class TransformerDecoderLayer(ResidualBlockBase):
         if scores is not None and rest:
             scores[name] = rest.pop(0)
         return (output, *rest)
-

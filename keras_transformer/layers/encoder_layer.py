@@ -40,7 +40,9 @@ class TransformerEncoderLayer(ResidualBlockBase):
 
     def build(self, inputs_shape):
         self.self_attention = self._attention("self_attention", inputs_shape)
-        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.self_attention_norm = self._norm(
+            "self_attention_norm", inputs_shape
+        )
         self.self_attention_dropout = self._dropout("self_attention_dropout")
         self.feed_forward = self._feed_forward("feed_forward", inputs_shape)
         self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)

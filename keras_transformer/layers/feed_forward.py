@@ -53,10 +53,12 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
-    def _initializers(self):
+    def _initializers(self, salt):
         return {
-            "kernel_initializer": clone_initializer(self.kernel_initializer),
-            "bias_initializer": clone_initializer(self.bias_initializer),
+            "kernel_initializer": clone_initializer(
+                self.kernel_initializer, salt
+            ),
+            "bias_initializer": clone_initializer(self.bias_initializer, salt),
         }
 
     def build(self, input_shape):
@@ -66,7 +68,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
             activation=self.activation,
             dtype=self.dtype_policy,
             name="intermediate_dense",
-            **self._initializers(),
+            **self._initializers(0),
         )
         self.intermediate_dense.build(input_shape)
         self.intermediate_dropout = keras.layers.Dropout(
@@ -78,7 +80,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
             hidden_dim,
             dtype=self.dtype_policy,
             name="output_dense",
-            **self._initializers(),
+            **self._initializers(1),
         )
         self.output_dense.build(
             tuple(input_shape[:-1]) + (self.intermediate_dim,)

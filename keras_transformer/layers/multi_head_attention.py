@@ -102,28 +102,30 @@ class MultiHeadAttention(keras.layers.Layer):
         value_dim = hidden_dim if value_shape is None else value_shape[-1]
         key_dim = value_dim if key_shape is None else key_shape[-1]
 
-        def projection(name, input_dim):
+        def projection(name, input_dim, salt):
             layer = keras.layers.EinsumDense(
                 "btd,dnh->btnh",
                 output_shape=(None, self.num_heads, self.head_dim),
                 bias_axes="nh" if self.use_bias else None,
-                kernel_initializer=clone_initializer(self.kernel_initializer),
-                bias_initializer=clone_initializer(self.bias_initializer),
+                kernel_initializer=clone_initializer(
+                    self.kernel_initializer, salt
+                ),
+                bias_initializer=clone_initializer(self.bias_initializer, salt),
                 dtype=self.dtype_policy,
                 name=name,
             )
             layer.build((None, None, input_dim))
             return layer
 
-        self.query_dense = projection("query", hidden_dim)
-        self.key_dense = projection("key", key_dim)
-        self.value_dense = projection("value", value_dim)
+        self.query_dense = projection("query", hidden_dim, 0)
+        self.key_dense = projection("key", key_dim, 1)
+        self.value_dense = projection("value", value_dim, 2)
         self.output_dense = keras.layers.EinsumDense(
             "btnh,nhd->btd",
             output_shape=(None, hidden_dim),
             bias_axes="d" if self.use_bias else None,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer, 3),
+            bias_initializer=clone_initializer(self.bias_initializer, 3),
             dtype=self.dtype_policy,
             name="attention_output",
         )
@@ -178,9 +180,7 @@ class MultiHeadAttention(keras.layers.Layer):
             use_causal_mask,
             cache_update_index,
         )
-        explicit = return_attention_scores or (
-            self.dropout > 0 and training
-        )
+        explicit = return_attention_scores or (self.dropout > 0 and training)
         if explicit:
             output, scores = self._explicit_attention(q, k, v, mask, training)
         else:
@@ -244,7 +244,6 @@ class MultiHeadAttention(keras.layers.Layer):
         # (batch, query_length, num_heads, head_dim)
         output = ops.einsum("bnts,bsnh->btnh", weights, v)
         return output, scores
-
 
     def get_config(self):
         config = super().get_config()

@@ -47,9 +47,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if layout not in self.LAYOUTS:
-            raise ValueError(
-                f"layout={layout!r} is not one of {self.LAYOUTS}."
-            )
+            raise ValueError(f"layout={layout!r} is not one of {self.LAYOUTS}.")
         if int(max_sequence_length) < 1:
             raise ValueError(
                 f"max_sequence_length={max_sequence_length} must be a "

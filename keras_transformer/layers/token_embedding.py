@@ -81,7 +81,6 @@ class TokenEmbedding(keras.layers.Layer):
             )
         return outputs
 
-
     def get_config(self):
         config = super().get_config()
         config.update(

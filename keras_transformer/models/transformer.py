@@ -143,6 +143,7 @@ class Transformer(keras.Model):
 
         # === Layers ===
         layers = {}
+
         def embedding(size, name):
             return TokenEmbedding(
                 size,
@@ -156,7 +157,9 @@ class Transformer(keras.Model):
             layers["encoder_token_embedding"] = embedding(
                 vocabulary_size, "token_embedding"
             )
-            layers["decoder_token_embedding"] = layers["encoder_token_embedding"]
+            layers["decoder_token_embedding"] = layers[
+                "encoder_token_embedding"
+            ]
         else:
             layers["encoder_token_embedding"] = embedding(
                 vocabulary_size, "encoder_token_embedding"
@@ -352,7 +355,7 @@ class Transformer(keras.Model):
                 )
             if len(mask_shape) != 2 or any(
                 a is not None and b is not None and a != b
-                for a, b in zip(ids_shape, mask_shape)
+                for a, b in zip(ids_shape, mask_shape, strict=False)
             ):
                 raise ValueError(
                     f"{side}_padding_mask has shape {mask_shape} but "

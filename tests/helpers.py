@@ -1,0 +1,48 @@
+"""Shared test helpers."""
+
+import numpy as np
+from keras import ops
+
+import keras_transformer as kt
+
+
+def tiny_model(**kwargs):
+    config = dict(
+        vocabulary_size=53,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        hidden_dim=32,
+        num_heads=4,
+        intermediate_dim=64,
+        dropout=0.0,
+        max_sequence_length=64,
+    )
+    config.update(kwargs)
+    return kt.Transformer(**config)
+
+
+def random_batch(rng, batch=3, source_length=9, target_length=6, vocab=53):
+    """A batch whose sources and targets have different lengths and some
+    padding (never a whole row of it)."""
+    source_lengths = rng.integers(1, source_length + 1, size=batch)
+    target_lengths = rng.integers(1, target_length + 1, size=batch)
+    source_lengths[0] = source_length
+    target_lengths[-1] = target_length
+
+    def ids_and_mask(lengths, length):
+        mask = (np.arange(length)[None, :] < lengths[:, None]).astype("int32")
+        ids = rng.integers(4, vocab, size=(batch, length)) * mask
+        return ids.astype("int32"), mask
+
+    source, source_mask = ids_and_mask(source_lengths, source_length)
+    target, target_mask = ids_and_mask(target_lengths, target_length)
+    return {
+        "encoder_token_ids": source,
+        "encoder_padding_mask": source_mask,
+        "decoder_token_ids": target,
+        "decoder_padding_mask": target_mask,
+    }
+
+
+def to_numpy(x):
+    return ops.convert_to_numpy(x)

@@ -1,0 +1,192 @@
+"""Every layer: config round trip, .keras save/load, output shape, mixed
+precision."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer import layers
+from tests.helpers import to_numpy
+
+HIDDEN = 32
+
+
+def make(name):
+    return {
+        "attention": lambda: layers.MultiHeadAttention(num_heads=4),
+        "feed_forward": lambda: layers.PositionwiseFeedForward(64),
+        "encoder": lambda: layers.TransformerEncoderLayer(4, 64, dropout=0.1),
+        "encoder_pre_norm": lambda: layers.TransformerEncoderLayer(
+            4, 64, normalize_first=True
+        ),
+        "decoder": lambda: layers.TransformerDecoderLayer(4, 64, dropout=0.1),
+        "position": lambda: layers.SinusoidalPositionEncoding(64),
+        "embedding": lambda: layers.TokenEmbedding(50, HIDDEN),
+    }[name]()
+
+
+LAYER_NAMES = [
+    "attention",
+    "feed_forward",
+    "encoder",
+    "encoder_pre_norm",
+    "decoder",
+    "position",
+    "embedding",
+]
+
+
+def inputs_for(name, rng):
+    if name == "embedding":
+        return [rng.integers(0, 50, size=(2, 7)).astype("int32")]
+    x = rng.normal(size=(2, 7, HIDDEN)).astype("float32")
+    if name == "decoder":
+        return [x[:, :5], rng.normal(size=(2, 7, HIDDEN)).astype("float32")]
+    return [x]
+
+
+def expected_shape(name):
+    return {
+        "position": (1, 7, HIDDEN),
+        "decoder": (2, 5, HIDDEN),
+    }.get(name, (2, 7, HIDDEN))
+
+
+@pytest.mark.parametrize("name", LAYER_NAMES)
+def test_output_shape_and_config_round_trip(name, rng):
+    layer = make(name)
+    args = inputs_for(name, rng)
+    output = layer(*args)
+    assert tuple(output.shape) == expected_shape(name)
+
+    config = layer.get_config()
+    clone = layer.__class__.from_config(config)
+    assert clone.get_config() == config
+    clone(*args)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(
+        to_numpy(clone(*args)), to_numpy(output), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("name", LAYER_NAMES)
+def test_keras_file_save_and_load(name, rng, tmp_path):
+    args = inputs_for(name, rng)
+    symbolic = [
+        keras.Input(shape=a.shape[1:], dtype=str(a.dtype), name=f"in_{i}")
+        for i, a in enumerate(args)
+    ]
+    model = keras.Model(symbolic, make(name)(*symbolic))
+    path = os.path.join(tmp_path, f"{name}.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(
+        to_numpy(loaded(args)), to_numpy(model(args)), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("name", ["attention", "encoder", "decoder"])
+def test_mixed_bfloat16(name, rng):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = make(name)
+    output = layer(*inputs_for(name, rng))
+    assert output.dtype == keras.backend.standardize_dtype("bfloat16") or (
+        keras.backend.standardize_dtype(output.dtype) == "bfloat16"
+    )
+    assert all(w.dtype == "float32" for w in layer.weights)
+    assert np.isfinite(to_numpy(ops.cast(output, "float32"))).all()
+
+
+def test_attention_weights_stay_float32_under_mixed_precision(rng):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    attention = layers.MultiHeadAttention(num_heads=4)
+    x = rng.normal(size=(2, 7, HIDDEN)).astype("float32")
+    _, scores = attention(x, return_attention_scores=True)
+    assert keras.backend.standardize_dtype(scores.dtype) == "float32"
+    np.testing.assert_allclose(to_numpy(scores).sum(-1), 1.0, atol=1e-6)
+
+
+def test_sinusoidal_encoding_matches_the_paper():
+    layer = layers.SinusoidalPositionEncoding(max_sequence_length=100)
+    d = 16
+    pe = to_numpy(layer(np.zeros((1, 50, d), "float32")))[0]
+    pos = np.arange(50)[:, None]
+    i = np.arange(d // 2)[None, :]
+    angle = pos / np.power(10000.0, 2 * i / d)
+    np.testing.assert_allclose(pe[:, 0::2], np.sin(angle), atol=1e-5)
+    np.testing.assert_allclose(pe[:, 1::2], np.cos(angle), atol=1e-5)
+    # With a start index, the same table is read further on.
+    shifted = to_numpy(layer(np.zeros((1, 3, d), "float32"), start_index=7))
+    np.testing.assert_allclose(shifted[0], pe[7:10], atol=1e-5)
+
+
+def test_concatenated_layout_puts_sines_first():
+    layer = layers.SinusoidalPositionEncoding(64, layout="concatenated")
+    pe = to_numpy(layer(np.zeros((1, 10, 8), "float32")))[0]
+    interleaved = to_numpy(
+        layers.SinusoidalPositionEncoding(64)(np.zeros((1, 10, 8), "float32"))
+    )[0]
+    np.testing.assert_allclose(pe[:, :4], interleaved[:, 0::2], atol=1e-6)
+    np.testing.assert_allclose(pe[:, 4:], interleaved[:, 1::2], atol=1e-6)
+
+
+def test_embedding_is_scaled_and_tied():
+    embedding = layers.TokenEmbedding(10, 16)
+    ids = np.array([[1, 2, 3]])
+    vectors = to_numpy(embedding(ids))
+    matrix = to_numpy(embedding.embeddings)
+    np.testing.assert_allclose(vectors[0], matrix[[1, 2, 3]] * 4.0, rtol=1e-6)
+    logits = to_numpy(embedding(vectors, reverse=True))
+    np.testing.assert_allclose(logits, vectors @ matrix.T, rtol=1e-5)
+
+
+def test_attention_head_size_is_d_model_over_h():
+    attention = layers.MultiHeadAttention(num_heads=8)
+    attention(np.zeros((1, 3, 64), "float32"))
+    assert attention.head_dim == 8
+    # W_i^Q: d_model x h x d_k, W^O: h x d_v x d_model (3.2.2).
+    assert tuple(attention.query_dense.kernel.shape) == (64, 8, 8)
+    assert tuple(attention.output_dense.kernel.shape) == (8, 8, 64)
+
+
+def test_sublayers_get_distinct_initial_weights():
+    seeded = keras.initializers.GlorotUniform(seed=1)
+    attention = layers.MultiHeadAttention(4, kernel_initializer=seeded)
+    attention(np.zeros((1, 3, 16), "float32"))
+    query = to_numpy(attention.query_dense.kernel)
+    key = to_numpy(attention.key_dense.kernel)
+    assert not np.allclose(query, key)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (
+            lambda: layers.MultiHeadAttention(6)(np.zeros((1, 2, 512))),
+            "num_heads=6 must divide hidden_dim=512",
+        ),
+        (
+            lambda: layers.SinusoidalPositionEncoding(8)(np.zeros((1, 2, 7))),
+            "hidden_dim=7 must be even",
+        ),
+        (
+            lambda: layers.SinusoidalPositionEncoding(8)(np.zeros((1, 9, 4))),
+            "longer than max_sequence_length=8",
+        ),
+        (
+            lambda: layers.SinusoidalPositionEncoding(8, layout="spiral"),
+            "layout='spiral'",
+        ),
+        (lambda: layers.MultiHeadAttention(0), "num_heads=0"),
+        (
+            lambda: layers.PositionwiseFeedForward(8, activation_dropout=1.5),
+            "activation_dropout=1.5",
+        ),
+    ],
+)
+def test_bad_arguments_name_the_value(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()

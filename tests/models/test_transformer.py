@@ -1,0 +1,349 @@
+"""The functional Transformer: saving, masks, cache, training, errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import keras_transformer as kt
+from tests.helpers import random_batch, tiny_model, to_numpy
+
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def logits_of(model, batch):
+    # predict_on_batch compiles once per shape, so the property tests below
+    # reuse one compiled function for all their examples.
+    return to_numpy(model.predict_on_batch(batch))
+
+
+def test_named_inputs_and_output_shape(rng):
+    model = tiny_model()
+    assert sorted(
+        model.input.keys()
+        if isinstance(model.input, dict)
+        else [t.name for t in model.inputs]
+    ) == sorted(kt.models.transformer.INPUT_NAMES)
+    batch = random_batch(rng, batch=2, source_length=7, target_length=4)
+    assert logits_of(model, batch).shape == (2, 4, 53)
+
+
+def test_config_round_trip(rng):
+    model = tiny_model(normalize_first=True, activation="gelu")
+    config = model.get_config()
+    clone = kt.Transformer.from_config(config)
+    assert clone.get_config() == config
+    clone.set_weights(model.get_weights())
+    batch = random_batch(rng)
+    np.testing.assert_allclose(
+        logits_of(clone, batch), logits_of(model, batch), atol=1e-6
+    )
+
+
+def test_keras_file_save_and_load(rng, tmp_path):
+    model = tiny_model()
+    batch = random_batch(rng)
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, kt.Transformer)
+    np.testing.assert_array_equal(
+        logits_of(loaded, batch), logits_of(model, batch)
+    )
+
+
+@pytest.mark.slow
+def test_parameter_counts_of_the_paper_configurations():
+    # Table 3: base about 65M, big about 213M parameters (the paper's
+    # vocabulary differs slightly); with a shared 37,000-token vocabulary:
+    base = kt.Transformer.from_config_name("base", vocabulary_size=37000)
+    assert base.count_params() == 63_082_496
+    big = kt.Transformer.from_config_name("big", vocabulary_size=37000)
+    assert big.count_params() == 214_245_376
+    assert big.dropout == 0.3 and big.hidden_dim == 1024
+
+
+def test_shared_and_separate_embeddings():
+    shared = tiny_model()
+    assert shared.encoder_token_embedding is shared.decoder_token_embedding
+    separate = tiny_model(target_vocabulary_size=40)
+    assert separate.encoder_token_embedding is not (
+        separate.decoder_token_embedding
+    )
+    assert separate.output_shape[-1] == 40
+    untied = tiny_model(tie_output_embeddings=False)
+    extra = 32 * 53 + 53  # the output projection's kernel and bias
+    assert untied.count_params() == shared.count_params() + extra
+
+
+def test_weights_load_across_backends(rng, tmp_path):
+    """model.weights.h5 written here loads under the other two backends
+    with logits equal within 1e-5."""
+    model = tiny_model()
+    batch = random_batch(rng)
+    model.save_weights(os.path.join(tmp_path, "model.weights.h5"))
+    with open(os.path.join(tmp_path, "config.json"), "w") as f:
+        json.dump(model.get_config(), f)
+    np.savez(
+        os.path.join(tmp_path, "batch.npz"),
+        logits=logits_of(model, batch),
+        **batch,
+    )
+    script = (
+        "import json, sys, keras, numpy as np, keras_transformer as kt\n"
+        "d = sys.argv[1]\n"
+        "model = kt.Transformer.from_config(json.load(open(d + "
+        "'/config.json')))\n"
+        "model.load_weights(d + '/model.weights.h5')\n"
+        "data = np.load(d + '/batch.npz')\n"
+        "batch = {k: data[k] for k in data.files if k != 'logits'}\n"
+        "logits = keras.ops.convert_to_numpy(model(batch))\n"
+        "print(float(np.abs(logits - data['logits']).max()))\n"
+    )
+    for backend in BACKENDS:
+        if backend == keras.backend.backend():
+            continue
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        difference = float(result.stdout.strip().splitlines()[-1])
+        assert difference < 1e-5, (backend, difference)
+
+
+# --- masks: property tests with sources and targets of different lengths
+
+
+@pytest.fixture(scope="module")
+def mask_model():
+    return tiny_model()
+
+
+# Fixed shapes (source longer than target, so that a mask applied to the
+# wrong side fails loudly); hypothesis varies the padding and the tokens.
+lengths = st.tuples(
+    st.just(3),  # batch
+    st.just(10),  # source length
+    st.just(7),  # target length
+    st.integers(0, 2**31 - 1),  # seed
+)
+
+
+@settings(max_examples=10, deadline=None)
+@given(lengths)
+def test_padded_source_positions_change_nothing(mask_model, shapes):
+    batch_size, source_length, target_length, seed = shapes
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, batch_size, source_length, target_length)
+    before = logits_of(mask_model, batch)
+    mask = batch["encoder_padding_mask"]
+    noise = rng.integers(4, 53, size=mask.shape) * (1 - mask)
+    changed = dict(batch, encoder_token_ids=batch["encoder_token_ids"] + noise)
+    after = logits_of(mask_model, changed)
+    # Every decoder position depends on the source through cross-attention
+    # only; with the source padding mask applied, nothing may move.
+    np.testing.assert_allclose(after, before, atol=1e-5)
+
+
+@settings(max_examples=10, deadline=None)
+@given(lengths)
+def test_future_target_tokens_change_nothing_before_them(mask_model, shapes):
+    batch_size, source_length, target_length, seed = shapes
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, batch_size, source_length, target_length)
+    t = int(rng.integers(0, target_length))
+    before = logits_of(mask_model, batch)
+    ids = batch["decoder_token_ids"].copy()
+    ids[:, t] = (ids[:, t] + 7) % 49 + 4
+    after = logits_of(mask_model, dict(batch, decoder_token_ids=ids))
+    np.testing.assert_allclose(after[:, :t], before[:, :t], atol=1e-5)
+    if t < target_length:
+        assert not np.allclose(after[:, t:], before[:, t:])
+
+
+@settings(max_examples=10, deadline=None)
+@given(lengths)
+def test_padded_target_positions_change_no_real_position(mask_model, shapes):
+    batch_size, source_length, target_length, seed = shapes
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, batch_size, source_length, target_length)
+    mask = batch["decoder_padding_mask"]
+    before = logits_of(mask_model, batch)
+    noise = rng.integers(4, 53, size=mask.shape) * (1 - mask)
+    changed = dict(batch, decoder_token_ids=batch["decoder_token_ids"] + noise)
+    after = logits_of(mask_model, changed)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(after[real], before[real], atol=1e-5)
+
+
+def test_cross_attention_uses_the_source_padding_mask(mask_model, rng):
+    """Masking a real source token does change the output: the mask is
+    what hides padding, not a coincidence of the inputs."""
+    batch = random_batch(rng, batch=2, source_length=8, target_length=5)
+    batch["encoder_padding_mask"][:] = 1
+    before = logits_of(mask_model, batch)
+    masked = batch["encoder_padding_mask"].copy()
+    masked[:, -3:] = 0
+    after = logits_of(mask_model, dict(batch, encoder_padding_mask=masked))
+    assert not np.allclose(after, before, atol=1e-4)
+
+
+# --- incremental decoding
+
+
+@settings(max_examples=8, deadline=None)
+@given(lengths, st.booleans())
+def test_cached_decoding_equals_the_full_decoder(shapes, normalize_first):
+    batch_size, source_length, target_length, seed = shapes
+    model = _cache_models[normalize_first]
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, batch_size, source_length, target_length)
+    batch["decoder_padding_mask"][:] = 1
+    full = logits_of(model, batch)
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    cache = model.init_cache(encoder_output, max_length=target_length + 2)
+    for t in range(target_length):
+        step, cache = model.decode(
+            batch["decoder_token_ids"][:, t : t + 1],
+            cache,
+            keras.ops.convert_to_tensor(t, "int32"),
+            batch["encoder_padding_mask"],
+        )
+        np.testing.assert_allclose(
+            to_numpy(step)[:, 0], full[:, t], atol=1e-5, rtol=1e-5
+        )
+
+
+_cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
+
+
+def test_cache_shapes():
+    model = _cache_models[False]
+    ids = np.ones((2, 7), "int32")
+    cache = model.init_cache(model.encode(ids, ids), max_length=11)
+    assert tuple(cache["self_attention"].shape) == (2, 2, 2, 11, 4, 8)
+    assert tuple(cache["cross_attention"].shape) == (2, 2, 2, 7, 4, 8)
+
+
+# --- training
+
+
+def copy_task(rng, n=512, length=8, vocab=20):
+    source = rng.integers(4, vocab, size=(n, length)).astype("int32")
+    ones = np.ones_like(source)
+    decoder = np.concatenate([np.full((n, 1), 2), source[:, :-1]], axis=1)
+    inputs = {
+        "encoder_token_ids": source,
+        "encoder_padding_mask": ones,
+        "decoder_token_ids": decoder.astype("int32"),
+        "decoder_padding_mask": ones,
+    }
+    return inputs, source
+
+
+def compile_model(model, learning_rate=3e-3):
+    model.compile(
+        optimizer=keras.optimizers.Adam(
+            learning_rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def test_fit_learns_to_copy(rng):
+    inputs, labels = copy_task(rng, n=2048)
+    model = compile_model(
+        tiny_model(
+            vocabulary_size=20,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            dropout=0.0,
+        )
+    )
+    # An untrained model cannot beat the uniform guess, ln(16) = 2.77, by
+    # much; copying perfectly drives the loss towards 0.
+    history = model.fit(
+        inputs, labels, batch_size=64, epochs=7, verbose=0, shuffle=True
+    )
+    assert history.history["loss"][0] > 1.5
+    assert history.history["loss"][-1] < 0.3
+
+
+def test_mixed_bfloat16_training_step_has_no_nan(rng):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = compile_model(tiny_model(dropout=0.1))
+    assert model.compute_dtype == "bfloat16"
+    inputs, labels = copy_task(rng, n=32, vocab=53)
+    history = model.fit(inputs, labels, batch_size=32, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert all(np.isfinite(to_numpy(w)).all() for w in model.weights)
+    batch = random_batch(rng)
+    assert keras.backend.standardize_dtype(model(batch).dtype) == "float32"
+
+
+# --- bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"hidden_dim": 30, "num_heads": 4},
+            "num_heads=4 must divide hidden_dim=30",
+        ),
+        ({"hidden_dim": 21, "num_heads": 3}, "hidden_dim=21 must be even"),
+        ({"dropout": 1.0}, "dropout=1.0"),
+        ({"vocabulary_size": 0}, "vocabulary_size=0"),
+    ],
+)
+def test_bad_configuration(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model(**kwargs)
+
+
+def test_unknown_configuration_name():
+    with pytest.raises(ValueError, match="'huge'.*base.*big.*tiny"):
+        kt.Transformer.from_config_name("huge", vocabulary_size=100)
+
+
+def test_sequence_longer_than_max_sequence_length(rng):
+    model = tiny_model(max_sequence_length=8)
+    batch = random_batch(rng, source_length=9, target_length=4)
+    with pytest.raises(
+        ValueError,
+        match="encoder_token_ids has length 9.*max_sequence_length=8",
+    ):
+        model(batch)
+
+
+def test_mask_shape_must_match_ids(rng):
+    model = tiny_model()
+    batch = random_batch(rng, source_length=7, target_length=5)
+    batch["decoder_padding_mask"] = batch["decoder_padding_mask"][:, :4]
+    with pytest.raises(
+        ValueError,
+        match=r"decoder_padding_mask has shape "
+        r"\(3, 4\) but decoder_token_ids has shape \(3, 5\)",
+    ):
+        model(batch)
+
+
+def test_missing_input(rng):
+    batch = random_batch(rng)
+    del batch["encoder_padding_mask"]
+    with pytest.raises(ValueError, match="encoder_padding_mask"):
+        tiny_model()(batch)
