@@ -12,12 +12,21 @@ from keras_transformer.version import __version__
 _LAZY_SUBMODULES = ("data", "generation", "training", "hub")
 
 
+# Public names that live in lazily loaded submodules.
+_LAZY_NAMES = {"Translator": "generation"}
+
+
 def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"keras_transformer.{name}")
+    if name in _LAZY_NAMES:
+        module = importlib.import_module(
+            f"keras_transformer.{_LAZY_NAMES[name]}"
+        )
+        return getattr(module, name)
     raise AttributeError(
         f"module 'keras_transformer' has no attribute {name!r}"
     )
 
 
-__all__ = ["Transformer", "layers", "models", "__version__"]
+__all__ = ["Transformer", "Translator", "layers", "models", "__version__"]

@@ -1,0 +1,59 @@
+"""Compiles a decoding function for the current Keras backend.
+
+The one module of `generation` that imports a backend: each backend
+compiles a loop differently, and that difference is kept here.
+
+- JAX: `jax.jit`, with the model's variables passed in as arguments
+  through a `keras.StatelessScope` (otherwise their values would be baked
+  into the program as constants, and later weight updates ignored).
+- TensorFlow: `tf.function`, with XLA (``jit_compile=True``) by default.
+- PyTorch: eager, under `torch.no_grad()`, so that no autograd graph is
+  recorded; the loop body is the only Python work per step.
+"""
+
+import keras
+
+
+def compile_function(fn, model, jit_compile=True):
+    """Returns ``fn`` compiled for the backend.
+
+    Args:
+        fn: a function of tensors (or nested structures of tensors) that
+            calls ``model``; it is traced once per input shape.
+        model: the `keras.Model` whose variables ``fn`` reads, or None.
+        jit_compile: on TensorFlow, compile with XLA; on JAX and torch it
+            is ignored (JAX always compiles; torch runs eagerly).
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        variables = [] if model is None else list(model.variables)
+
+        def stateless(values, *args):
+            mapping = zip(variables, values, strict=True)
+            with keras.StatelessScope(state_mapping=mapping):
+                return fn(*args)
+
+        jitted = jax.jit(stateless)
+
+        def run(*args):
+            return jitted([v.value for v in variables], *args)
+
+        return run
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=jit_compile)
+    if backend == "torch":
+        import torch
+
+        def run(*args):
+            with torch.no_grad():
+                return fn(*args)
+
+        return run
+    raise NotImplementedError(
+        f"Decoding supports the tensorflow, jax and torch backends; the "
+        f"Keras backend is {backend!r}. Set KERAS_BACKEND to one of them."
+    )

@@ -1,0 +1,478 @@
+"""Runs the searches of `search.py` on a `Transformer`: encoder once,
+cached decoder one step at a time, compiled once per bucket of shapes."""
+
+import dataclasses
+import math
+
+import numpy as np
+from keras import ops
+
+from keras_transformer.generation import search
+from keras_transformer.generation.compile import compile_function
+
+METHODS = ("greedy", "beam", "sample")
+
+# Source lengths are padded up to one of these (then to multiples of the
+# largest), and batches to a power of two, so that a whole test set
+# compiles a handful of programs instead of one per shape.
+LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256)
+
+
+def bucket_length(length, max_sequence_length):
+    """The padded source length for a batch whose longest row has
+    ``length`` tokens."""
+    for bucket in LENGTH_BUCKETS:
+        if length <= bucket:
+            return min(bucket, max_sequence_length)
+    largest = LENGTH_BUCKETS[-1]
+    return min(math.ceil(length / largest) * largest, max_sequence_length)
+
+
+def bucket_batch(batch_size):
+    """The padded batch size: the next power of two."""
+    return 1 << max(0, (int(batch_size) - 1).bit_length())
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """The hypotheses of a search, best first, as NumPy arrays.
+
+    Attributes:
+        token_ids: ``(batch, n, max_length)`` int32, the generated tokens
+            including the end token, padding after it.
+        lengths: ``(batch, n)`` int32, ``|Y|``: tokens including the end
+            token (a hypothesis cut at its maximum length has none).
+        log_probs: ``(batch, n)`` float32, the sum of the model's token
+            log-probabilities.
+        scores: ``(batch, n)`` float32, ``log_probs`` divided by the GNMT
+            length penalty ``((5 + |Y|) / 6) ** alpha``.
+    """
+
+    token_ids: np.ndarray
+    lengths: np.ndarray
+    log_probs: np.ndarray
+    scores: np.ndarray
+
+    def sequences(self, end_id=3):
+        """The hypotheses as lists of token ids, end token excluded:
+        ``[[row_0_best, row_0_second, ...], ...]``."""
+        return [
+            [
+                _strip(ids, length, end_id)
+                for ids, length in zip(row_ids, row_lengths, strict=True)
+            ]
+            for row_ids, row_lengths in zip(
+                self.token_ids, self.lengths, strict=True
+            )
+        ]
+
+
+def _strip(ids, length, end_id):
+    ids = [int(t) for t in ids[: int(length)]]
+    if ids and ids[-1] == end_id:
+        ids.pop()
+    return ids
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}.")
+
+
+class Generator:
+    """Greedy search, beam search and sampling for a `Transformer`.
+
+    The encoder runs once per batch; the decoder runs one token at a time
+    with the model's key/value cache (`Transformer.init_cache`), whose
+    cross-attention keys and values are computed once. The whole search is
+    one compiled function per bucket of shapes (see `compile.py`),
+    cached, so repeated calls do not recompile.
+
+    Args:
+        model: a `keras_transformer.Transformer`.
+        start_id, end_id, pad_id: special token ids (the tokenizer's).
+        banned_ids: tokens never generated; by default padding and start.
+        jit_compile: compile with XLA on TensorFlow.
+
+    Example:
+    >>> generator = Generator(model)
+    >>> result = generator.generate(source_ids, source_mask, beam_size=4)
+    >>> result.token_ids.shape  # (batch, 1, max_length)
+    """
+
+    def __init__(
+        self,
+        model,
+        start_id=2,
+        end_id=3,
+        pad_id=0,
+        banned_ids=None,
+        jit_compile=True,
+    ):
+        self.model = model
+        self.start_id = int(start_id)
+        self.end_id = int(end_id)
+        self.pad_id = int(pad_id)
+        if banned_ids is None:
+            banned_ids = (self.pad_id, self.start_id)
+        self.banned_ids = tuple(banned_ids)
+        self.jit_compile = jit_compile
+        self.vocabulary_size = (
+            model.target_vocabulary_size or model.vocabulary_size
+        )
+        self._functions = {}
+
+    # --- the compiled search
+
+    def _cached_step(self, sequences, index, cache, constants):
+        # (rows, 1): the token at column `index` is the input of this step.
+        ids = ops.take(sequences, ops.reshape(index, (1,)), axis=1)
+        logits, new_cache = self.model.decode(
+            ids,
+            {
+                "self_attention": cache["self_attention"],
+                "cross_attention": constants["cross_attention"],
+            },
+            index,
+            constants["encoder_padding_mask"],
+        )
+        return logits[:, 0, :], {"self_attention": new_cache["self_attention"]}
+
+    def _full_step(self, sequences, index, cache, constants):
+        # The reference: the whole model, encoder included, on the whole
+        # buffer; causal masking hides the columns not yet generated.
+        decoder_ids = sequences[:, :-1]
+        logits = self.model(
+            {
+                "encoder_token_ids": constants["encoder_token_ids"],
+                "encoder_padding_mask": constants["encoder_padding_mask"],
+                "decoder_token_ids": decoder_ids,
+                "decoder_padding_mask": ops.ones_like(decoder_ids),
+            },
+            training=False,
+        )
+        return ops.take(logits, index, axis=1), cache
+
+    def _build(self, key):
+        method, use_cache, batch_size, max_length, copies, top_k, top_p = key
+        model = self.model
+        rows = batch_size * copies
+        banned = search.banned_logits(self.vocabulary_size, self.banned_ids)
+
+        def run(source_ids, source_mask, row_max_lengths, uniform, params):
+            def repeat(x):
+                return ops.repeat(x, copies, axis=0) if copies > 1 else x
+
+            if use_cache:
+                encoded = model.encode(source_ids, source_mask)
+                full_cache = model.init_cache(encoded, max_length)
+                cache = {"self_attention": repeat(full_cache["self_attention"])}
+                constants = {
+                    "cross_attention": repeat(full_cache["cross_attention"]),
+                    "encoder_padding_mask": repeat(source_mask),
+                }
+                step_fn = self._cached_step
+            else:
+                cache = {}
+                constants = {
+                    "encoder_token_ids": repeat(source_ids),
+                    "encoder_padding_mask": repeat(source_mask),
+                }
+                step_fn = self._full_step
+            common = {
+                "step_fn": step_fn,
+                "cache": cache,
+                "constants": constants,
+                "max_length": max_length,
+                "start_id": self.start_id,
+                "end_id": self.end_id,
+                "pad_id": self.pad_id,
+                "banned": banned,
+                "alpha": params["alpha"],
+            }
+            if method == "beam":
+                return search.beam_search(
+                    batch_size=batch_size,
+                    beam_size=copies,
+                    row_max_lengths=row_max_lengths,
+                    num_return_sequences=params["num_return_sequences"],
+                    **common,
+                )
+            outputs = search.greedy_search(
+                batch_size=rows,
+                row_max_lengths=repeat(row_max_lengths),
+                uniform=uniform,
+                temperature=params["temperature"],
+                top_k=top_k,
+                top_p=params["top_p"] if top_p else None,
+                **common,
+            )
+            # (batch * n, 1, ...) -> (batch, n, ...)
+            return {
+                name: ops.reshape(
+                    value, (batch_size, copies) + tuple(value.shape[2:])
+                )
+                for name, value in outputs.items()
+            }
+
+        return compile_function(run, model, jit_compile=self.jit_compile)
+
+    # --- the public entry point
+
+    def generate(
+        self,
+        encoder_token_ids,
+        encoder_padding_mask=None,
+        method="beam",
+        beam_size=4,
+        length_penalty=0.6,
+        max_length=None,
+        max_length_offset=50,
+        num_return_sequences=1,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        seed=None,
+        use_cache=True,
+    ):
+        """Decodes a batch of sources.
+
+        Args:
+            encoder_token_ids: ``(batch, source_length)`` int array, the
+                source tokens followed by the end token, then padding.
+            encoder_padding_mask: 1 for real tokens; by default the
+                non-padding ids.
+            method: ``"beam"``, ``"greedy"`` or ``"sample"``.
+            beam_size: hypotheses kept alive per source (4 in the paper).
+            length_penalty: alpha of ``((5 + |Y|) / 6) ** alpha`` (0.6 in
+                the paper); beam search ranks by it, and every method
+                reports scores normalized with it.
+            max_length: the most tokens generated per source; by default
+                each source's length plus ``max_length_offset`` (the
+                paper's "input length + 50"). Always capped at the model's
+                ``max_sequence_length``.
+            num_return_sequences: hypotheses returned per source: the n
+                best of the beam, or n independent samples.
+            temperature, top_k, top_p: sampling filters (``top_k=0`` and
+                ``top_p=1`` disable them).
+            seed: sampling seed; equal seeds give equal samples.
+            use_cache: decode with the key/value cache (False re-runs the
+                whole model over the whole prefix every step; for tests
+                and benchmarks).
+
+        Returns:
+            A `SearchResult`.
+        """
+        _check_choice("method", method, METHODS)
+        ids = np.asarray(encoder_token_ids)
+        if ids.ndim != 2:
+            raise ValueError(
+                "encoder_token_ids must have shape (batch, length); got "
+                f"shape {ids.shape}."
+            )
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(
+                f"encoder_token_ids must hold integer token ids; got dtype "
+                f"{ids.dtype}."
+            )
+        if encoder_padding_mask is None:
+            mask = (ids != self.pad_id).astype("int32")
+        else:
+            mask = np.asarray(encoder_padding_mask).astype("int32")
+            if mask.shape != ids.shape:
+                raise ValueError(
+                    f"encoder_padding_mask has shape {mask.shape} but "
+                    f"encoder_token_ids has shape {ids.shape}."
+                )
+        num_rows = ids.shape[0]
+        source_lengths = mask.sum(axis=1)
+        limit = self.model.max_sequence_length
+        longest = int(source_lengths.max(initial=0))
+        if longest > limit:
+            raise ValueError(
+                f"A source has {longest} tokens, more than the model's "
+                f"max_sequence_length={limit}. Truncate the sources."
+            )
+        beam_size = int(beam_size)
+        num_return_sequences = int(num_return_sequences)
+        if beam_size < 1:
+            raise ValueError(f"beam_size={beam_size} must be at least 1.")
+        if method == "beam" and num_return_sequences > beam_size:
+            raise ValueError(
+                f"num_return_sequences={num_return_sequences} must be at "
+                f"most beam_size={beam_size}."
+            )
+        if method == "greedy" and num_return_sequences != 1:
+            raise ValueError(
+                "Greedy search returns one sequence per source; got "
+                f"num_return_sequences={num_return_sequences}. Use "
+                'method="beam" or method="sample" for more.'
+            )
+        if num_return_sequences < 1:
+            raise ValueError(
+                f"num_return_sequences={num_return_sequences} must be at "
+                "least 1."
+            )
+        if length_penalty < 0:
+            raise ValueError(
+                f"length_penalty={length_penalty} must be >= 0 (0.6 in "
+                "the paper; 0 disables it)."
+            )
+        if method == "sample":
+            if temperature <= 0:
+                raise ValueError(
+                    f"temperature={temperature} must be > 0; use "
+                    'method="greedy" for the argmax.'
+                )
+            if not 0 < top_p <= 1:
+                raise ValueError(f"top_p={top_p} must be in (0, 1].")
+            if top_k < 0:
+                raise ValueError(f"top_k={top_k} must be >= 0.")
+
+        # --- shapes: bucketed so that compilation happens rarely
+        source_bucket = bucket_length(max(longest, 1), limit)
+        batch_bucket = bucket_batch(max(num_rows, 1))
+        if max_length is None:
+            if max_length_offset < 1:
+                raise ValueError(
+                    f"max_length_offset={max_length_offset} must be >= 1."
+                )
+            buffer_length = min(source_bucket + max_length_offset, limit)
+            row_limits = np.minimum(source_lengths + max_length_offset, limit)
+        else:
+            max_length = int(max_length)
+            if not 1 <= max_length <= limit:
+                raise ValueError(
+                    f"max_length={max_length} must be between 1 and the "
+                    f"model's max_sequence_length={limit}."
+                )
+            buffer_length = max_length
+            row_limits = np.full((num_rows,), max_length)
+
+        padded_ids = np.full(
+            (batch_bucket, source_bucket), self.pad_id, "int32"
+        )
+        padded_mask = np.zeros((batch_bucket, source_bucket), "int32")
+        width = min(ids.shape[1], source_bucket)
+        padded_ids[:num_rows, :width] = ids[:, :width]
+        padded_mask[:num_rows, :width] = mask[:, :width]
+        # Filler rows: a lone end token, finished after one step.
+        padded_ids[num_rows:, 0] = self.end_id
+        padded_mask[num_rows:, 0] = 1
+        padded_limits = np.ones((batch_bucket,), "int32")
+        padded_limits[:num_rows] = row_limits
+
+        uniform = None
+        if method == "sample":
+            rng = np.random.default_rng(seed)
+            uniform = rng.uniform(
+                1e-6,
+                1.0,
+                (buffer_length, batch_bucket * num_return_sequences),
+            ).astype("float32")
+            uniform = ops.convert_to_tensor(uniform)
+        # Settings that change shapes or the program are compile keys;
+        # the others are runtime arguments, so changing them is free.
+        sampling = method == "sample"
+        key = (
+            method,
+            bool(use_cache),
+            batch_bucket,
+            buffer_length,
+            {"beam": beam_size, "greedy": 1}.get(method, num_return_sequences),
+            int(top_k) if sampling else 0,
+            sampling and top_p < 1.0,
+        )
+        params = {
+            "alpha": np.float32(length_penalty),
+            "num_return_sequences": np.int32(num_return_sequences),
+            "temperature": np.float32(temperature),
+            "top_p": np.float32(top_p),
+        }
+        params = {k: ops.convert_to_tensor(v) for k, v in params.items()}
+        function = self._functions.get(key)
+        if function is None:
+            function = self._functions[key] = self._build(key)
+        outputs = function(
+            ops.convert_to_tensor(padded_ids),
+            ops.convert_to_tensor(padded_mask),
+            ops.convert_to_tensor(padded_limits),
+            uniform,
+            params,
+        )
+        n = num_return_sequences
+        outputs = {
+            name: ops.convert_to_numpy(value)[:num_rows, :n]
+            for name, value in outputs.items()
+        }
+        return SearchResult(
+            token_ids=outputs["token_ids"].astype("int32"),
+            lengths=outputs["lengths"].astype("int32"),
+            log_probs=outputs["log_probs"].astype("float32"),
+            scores=outputs["scores"].astype("float32"),
+        )
+
+    # --- scoring
+
+    def score(
+        self,
+        encoder_token_ids,
+        target_token_ids,
+        encoder_padding_mask=None,
+        length_penalty=0.6,
+    ):
+        """The model's own scores of given hypotheses (teacher forcing).
+
+        Args:
+            encoder_token_ids: ``(batch, source_length)``.
+            target_token_ids: ``(batch, target_length)``, hypotheses as
+                `generate` returns them: tokens through the end token, if
+                any, then padding.
+            encoder_padding_mask: by default the non-padding ids.
+            length_penalty: alpha for the normalized scores.
+
+        Returns:
+            ``(log_probs, lengths, scores)``, NumPy arrays ``(batch,)``.
+        """
+        ids = np.asarray(encoder_token_ids).astype("int32")
+        targets = np.asarray(target_token_ids).astype("int32")
+        if encoder_padding_mask is None:
+            mask = (ids != self.pad_id).astype("int32")
+        else:
+            mask = np.asarray(encoder_padding_mask).astype("int32")
+        lengths = hypothesis_lengths(targets, self.end_id, self.pad_id)
+        decoder_ids = np.concatenate(
+            [np.full((len(targets), 1), self.start_id, "int32"), targets],
+            axis=1,
+        )[:, :-1]
+        logits = self.model(
+            {
+                "encoder_token_ids": ids,
+                "encoder_padding_mask": mask,
+                "decoder_token_ids": decoder_ids,
+                "decoder_padding_mask": np.ones_like(decoder_ids),
+            },
+            training=False,
+        )
+        logits = ops.convert_to_numpy(logits).astype("float64")
+        log_probs = logits - logits.max(axis=-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(axis=-1, keepdims=True))
+        token_log_probs = np.take_along_axis(
+            log_probs, targets[:, :, None], axis=-1
+        )[:, :, 0]
+        positions = np.arange(targets.shape[1])[None, :]
+        total = np.where(positions < lengths[:, None], token_log_probs, 0.0)
+        total = total.sum(axis=1)
+        penalty = ((5.0 + lengths) / 6.0) ** float(length_penalty)
+        return total, lengths, total / penalty
+
+
+def hypothesis_lengths(token_ids, end_id=3, pad_id=0):
+    """``|Y|`` of each row of ``(batch, length)`` hypotheses: through the
+    first end token, or the number of non-padding tokens if none."""
+    token_ids = np.asarray(token_ids)
+    is_end = token_ids == end_id
+    has_end = is_end.any(axis=1)
+    first_end = np.argmax(is_end, axis=1) + 1
+    non_pad = (token_ids != pad_id).sum(axis=1)
+    return np.where(has_end, first_end, non_pad).astype("int32")

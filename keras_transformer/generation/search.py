@@ -1,0 +1,415 @@
+"""Greedy search, sampling and beam search over fixed-shape state.
+
+The algorithms here know nothing about the Transformer: they drive a
+``step_fn`` that returns next-token logits, so that the same code runs the
+cached decoder, a full re-run of the model (the reference the cache is
+tested against) and the toy Markov models of the unit tests. Everything is
+written with `keras.ops` on tensors whose shapes never change inside the
+loop, so the loop compiles under `jax.jit` and `tf.function` (see
+`compile.py`) and runs as a plain loop on torch.
+
+``step_fn(sequences, index, cache, constants) -> (logits, cache)``:
+
+- ``sequences``: ``(rows, max_length + 1)`` int32, the start token in
+  column 0 and the token generated at step ``t`` in column ``t + 1``.
+- ``index``: scalar int32 tensor ``t``; the step feeds ``sequences[:, t]``
+  and returns the logits of the token at column ``t + 1``, ``(rows, V)``.
+- ``cache``: a dict of tensors whose first axis is ``rows``; beam search
+  reorders it along that axis when hypotheses are extended.
+- ``constants``: a dict of tensors passed through unchanged.
+
+Conventions shared by all three searches:
+
+- A hypothesis's length ``|Y|`` counts its generated tokens *including*
+  the end token; a hypothesis cut at its maximum length has no end token
+  and ``|Y|`` equal to that maximum.
+- ``log_probs`` is the sum of ``log p(y_t | y_<t, x)`` over those tokens
+  under the model's full softmax (a token forbidden by the search, such as
+  padding, is removed without renormalizing, so the sum is exactly the
+  model's own score of the hypothesis).
+- ``scores`` are ``log_probs / length_penalty(|Y|, alpha)`` with the GNMT
+  penalty ``((5 + |Y|) / 6) ** alpha`` (Wu et al., 2016, section 7).
+"""
+
+import numpy as np
+from keras import ops
+
+NEG_INF = float("-inf")
+
+
+def length_penalty(length, alpha):
+    """The GNMT length penalty ``((5 + length) / 6) ** alpha``.
+
+    Args:
+        length: ``|Y|``, a number or a tensor, counting the end token.
+        alpha: 0 disables the penalty; the paper uses 0.6 (section 6.1).
+    """
+    length = ops.cast(length, "float32")
+    return ops.power((5.0 + length) / 6.0, ops.cast(alpha, "float32"))
+
+
+def _log_softmax(logits, banned):
+    """Log-probabilities of the full softmax; banned tokens get -inf."""
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    return log_probs + banned
+
+
+def _write_column(sequences, index, column):
+    """``sequences[..., index] = column`` for a 2-D or 3-D int tensor."""
+    column = ops.cast(column, sequences.dtype)
+    if len(sequences.shape) == 2:
+        return ops.slice_update(sequences, [0, index], column[:, None])
+    return ops.slice_update(sequences, [0, 0, index], column[:, :, None])
+
+
+def _filter_logits(logits, temperature, top_k, top_p):
+    """Logits for sampling: tempered, then top-k and nucleus filtered."""
+    logits = ops.cast(logits, "float32") / ops.cast(temperature, "float32")
+    vocabulary_size = logits.shape[-1]
+    if top_k and top_k < vocabulary_size:
+        kth = ops.top_k(logits, top_k)[0][:, -1:]
+        logits = ops.where(logits < kth, NEG_INF, logits)
+    if top_p is not None:
+        # Keep the smallest set of most likely tokens whose probability
+        # reaches top_p (Holtzman et al., 2020): a token is kept when the
+        # mass of the tokens strictly more likely than it is below top_p.
+        sorted_logits = ops.top_k(logits, vocabulary_size)[0]
+        probs = ops.softmax(sorted_logits, axis=-1)
+        mass_before = ops.cumsum(probs, axis=-1) - probs
+        top_p = ops.cast(top_p, "float32")
+        kept = ops.where(mass_before < top_p, sorted_logits, float("inf"))
+        threshold = ops.min(kept, axis=-1, keepdims=True)
+        logits = ops.where(logits < threshold, NEG_INF, logits)
+    return logits
+
+
+def _sample_tokens(logits, uniform):
+    """Inverse-CDF sampling: one uniform number per row picks a token.
+
+    The uniform numbers are drawn outside the compiled loop, which keeps
+    the loop free of random state and the samples identical on every
+    backend for one seed.
+    """
+    probs = ops.softmax(logits, axis=-1)
+    cdf = ops.cumsum(probs, axis=-1)
+    target = uniform[:, None] * cdf[:, -1:]
+    token = ops.sum(ops.cast(cdf < target, "int32"), axis=-1)
+    return ops.minimum(token, logits.shape[-1] - 1)
+
+
+def greedy_search(
+    step_fn,
+    cache,
+    constants,
+    batch_size,
+    max_length,
+    row_max_lengths,
+    start_id,
+    end_id,
+    pad_id,
+    banned,
+    alpha=0.0,
+    uniform=None,
+    temperature=1.0,
+    top_k=0,
+    top_p=None,
+):
+    """Greedy decoding, or sampling when ``uniform`` is given.
+
+    Args:
+        step_fn, cache, constants: see the module docstring.
+        batch_size: number of rows (a Python int).
+        max_length: the most tokens any row may generate (a Python int).
+        row_max_lengths: ``(batch_size,)`` int32, each row's own limit,
+            at most ``max_length``.
+        start_id, end_id, pad_id: special token ids.
+        banned: ``(V,)`` float32, 0 for allowed tokens, -inf for tokens
+            never generated (padding, start).
+        alpha: length penalty exponent used for the returned scores (a
+            number or a scalar tensor).
+        uniform: ``(max_length, batch_size)`` uniform numbers in (0, 1)
+            to sample with; None for greedy (argmax) decoding.
+        temperature, top_k, top_p: sampling filters (top_k 0 and top_p
+            None disable them; temperature and top_p may be tensors).
+
+    Returns:
+        A dict with ``"token_ids"`` ``(batch, 1, max_length)`` (padding
+        after the end), ``"lengths"``, ``"log_probs"`` and ``"scores"``,
+        each ``(batch, 1)``.
+    """
+    sequences = ops.concatenate(
+        [
+            ops.full((batch_size, 1), start_id, "int32"),
+            ops.full((batch_size, max_length), pad_id, "int32"),
+        ],
+        axis=1,
+    )
+    row_max_lengths = ops.cast(row_max_lengths, "int32")
+    log_probs = ops.zeros((batch_size,), "float32")
+    lengths = ops.zeros((batch_size,), "int32")
+    finished = ops.zeros((batch_size,), "bool")
+
+    def cond(index, sequences, cache, log_probs, lengths, finished):
+        return ops.logical_not(ops.all(finished))
+
+    def body(index, sequences, cache, log_probs, lengths, finished):
+        logits, cache = step_fn(sequences, index, cache, constants)
+        step_log_probs = _log_softmax(logits, banned)
+        if uniform is None:
+            token = ops.cast(ops.argmax(step_log_probs, axis=-1), "int32")
+        else:
+            filtered = _filter_logits(
+                logits + banned, temperature, top_k, top_p
+            )
+            row_uniform = ops.take(uniform, index, axis=0)
+            token = _sample_tokens(filtered, row_uniform)
+        token_log_prob = ops.take_along_axis(
+            step_log_probs, token[:, None], axis=1
+        )[:, 0]
+        token = ops.where(finished, pad_id, token)
+        log_probs = ops.where(finished, log_probs, log_probs + token_log_prob)
+        lengths = ops.where(finished, lengths, index + 1)
+        finished = ops.logical_or(
+            finished,
+            ops.logical_or(token == end_id, index + 1 >= row_max_lengths),
+        )
+        sequences = _write_column(sequences, index + 1, token)
+        return index + 1, sequences, cache, log_probs, lengths, finished
+
+    index = ops.convert_to_tensor(0, "int32")
+    _, sequences, _, log_probs, lengths, _ = ops.while_loop(
+        cond,
+        body,
+        (index, sequences, cache, log_probs, lengths, finished),
+        maximum_iterations=max_length,
+    )
+    scores = log_probs / length_penalty(lengths, alpha)
+    return {
+        "token_ids": sequences[:, None, 1:],
+        "lengths": lengths[:, None],
+        "log_probs": log_probs[:, None],
+        "scores": scores[:, None],
+    }
+
+
+def _gather_beams(tensor, indices):
+    """``tensor[b, indices[b, j]]`` for a ``(batch, beams, ...)`` tensor."""
+    shape = ops.shape(indices) + (1,) * (len(tensor.shape) - 2)
+    expanded = ops.reshape(indices, shape)
+    # take_along_axis needs the index broadcast to the full trailing shape.
+    expanded = ops.broadcast_to(
+        expanded, tuple(ops.shape(indices)) + tuple(tensor.shape[2:])
+    )
+    return ops.take_along_axis(tensor, expanded, axis=1)
+
+
+def beam_search(
+    step_fn,
+    cache,
+    constants,
+    batch_size,
+    beam_size,
+    max_length,
+    row_max_lengths,
+    start_id,
+    end_id,
+    pad_id,
+    banned,
+    alpha=0.6,
+    num_return_sequences=1,
+):
+    """Beam search with a finished set and the GNMT length penalty.
+
+    The paper decodes with beam size 4 and alpha 0.6 (Vaswani et al.,
+    2017, section 6.1). Each step extends every alive hypothesis by every
+    token and keeps the ``beam_size`` best extensions by log-probability.
+    Those that end with the end token (or reach the row's maximum length)
+    leave the beam for the *finished* set, where they compete by
+    length-normalized score for ``beam_size`` places and are never
+    extended again; the others stay alive (the beam refills to
+    ``beam_size`` at the next step). With ``beam_size=1`` this is exactly
+    greedy search.
+
+    A row stops when its ``num_return_sequences``-th best finished score
+    is at least the best score any alive hypothesis could still reach:
+    with ``alpha >= 0`` log-probabilities only fall as a hypothesis grows,
+    so that bound is the best alive log-probability divided by the penalty
+    at the row's maximum length. A row also stops when no hypothesis is
+    left alive. A stopped row is frozen, so its result does not depend on
+    the other rows of the batch.
+
+    ``step_fn`` sees ``batch_size * beam_size`` rows, the beams of one
+    source next to each other; ``cache`` and ``constants`` must already be
+    repeated ``beam_size`` times along their first axis.
+
+    Args:
+        step_fn, cache, constants: see the module docstring.
+        batch_size, beam_size, max_length: Python ints.
+        row_max_lengths: ``(batch_size,)`` int32 limits, at most
+            ``max_length``.
+        start_id, end_id, pad_id: special token ids.
+        banned: ``(V,)`` float32, -inf for tokens never generated.
+        alpha: length penalty exponent, ``>= 0`` (a number or a scalar
+            tensor).
+        num_return_sequences: n, at most ``beam_size``; a Python int, or
+            a scalar int32 tensor, in which case all ``beam_size``
+            hypotheses are returned and the caller keeps the first n.
+
+    Returns:
+        A dict with ``"token_ids"`` ``(batch, n, max_length)``,
+        ``"lengths"``, ``"log_probs"`` and ``"scores"`` ``(batch, n)``,
+        best first (finished hypotheses; unused places score -inf).
+    """
+    if isinstance(alpha, (int, float)) and alpha < 0:
+        raise ValueError(
+            f"length_penalty={alpha} must be >= 0: the stopping rule relies "
+            "on longer hypotheses never being favoured by less."
+        )
+    static_n = isinstance(num_return_sequences, int)
+    if static_n and not 1 <= num_return_sequences <= beam_size:
+        raise ValueError(
+            f"num_return_sequences={num_return_sequences} must be between 1 "
+            f"and beam_size={beam_size}."
+        )
+    vocabulary_size = banned.shape[0]
+    rows = batch_size * beam_size
+    sequences = ops.concatenate(
+        [
+            ops.full((batch_size, beam_size, 1), start_id, "int32"),
+            ops.full((batch_size, beam_size, max_length), pad_id, "int32"),
+        ],
+        axis=2,
+    )
+    row_max_lengths = ops.cast(row_max_lengths, "int32")
+    # Only the first beam starts alive, so that the first step does not
+    # pick the same token beam_size times.
+    first = ops.convert_to_tensor([0.0] + [NEG_INF] * (beam_size - 1))
+    alive_log_probs = ops.tile(first[None, :], (batch_size, 1))
+    finished_sequences = sequences
+    finished_scores = ops.full((batch_size, beam_size), NEG_INF, "float32")
+    finished_log_probs = ops.full((batch_size, beam_size), NEG_INF, "float32")
+    finished_lengths = ops.zeros((batch_size, beam_size), "int32")
+    done = ops.zeros((batch_size,), "bool")
+    # The best normalized score an alive hypothesis can still reach.
+    best_penalty = length_penalty(row_max_lengths, alpha)
+    beam_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
+
+    def cond(index, state):
+        return ops.logical_not(ops.all(state["done"]))
+
+    def body(index, state):
+        flat = ops.reshape(state["alive_sequences"], (rows, max_length + 1))
+        logits, cache = step_fn(flat, index, state["cache"], constants)
+        step_log_probs = _log_softmax(logits, banned)
+        # (batch, beam * V): every extension of every alive hypothesis.
+        candidates = ops.reshape(
+            state["alive_log_probs"][:, :, None]
+            + ops.reshape(step_log_probs, (batch_size, beam_size, -1)),
+            (batch_size, -1),
+        )
+        top_log_probs, top_indices = ops.top_k(candidates, beam_size)
+        top_indices = ops.cast(top_indices, "int32")
+        source_beams = top_indices // vocabulary_size
+        tokens = top_indices % vocabulary_size
+        candidate_sequences = _gather_beams(
+            state["alive_sequences"], source_beams
+        )
+        candidate_sequences = _write_column(
+            candidate_sequences, index + 1, tokens
+        )
+        length = index + 1
+        at_limit = (length >= row_max_lengths)[:, None]
+        is_finished = ops.logical_or(tokens == end_id, at_limit)
+
+        # Alive set: the kept extensions that did not finish, best first.
+        alive_candidates = ops.where(is_finished, NEG_INF, top_log_probs)
+        alive_log_probs, alive_indices = ops.top_k(alive_candidates, beam_size)
+        alive_indices = ops.cast(alive_indices, "int32")
+        alive_sequences = _gather_beams(candidate_sequences, alive_indices)
+        parents = ops.take_along_axis(source_beams, alive_indices, axis=1)
+        parents = ops.reshape(parents + beam_offsets, (rows,))
+        cache = {
+            key: ops.take(value, parents, axis=0)
+            for key, value in cache.items()
+        }
+
+        # Finished set: merge the finished extensions by normalized score.
+        candidate_scores = ops.where(
+            is_finished, top_log_probs / length_penalty(length, alpha), NEG_INF
+        )
+        merged_scores = ops.concatenate(
+            [state["finished_scores"], candidate_scores], axis=1
+        )
+        new_scores, kept = ops.top_k(merged_scores, beam_size)
+        kept = ops.cast(kept, "int32")
+        merged = {
+            "finished_sequences": ops.concatenate(
+                [state["finished_sequences"], candidate_sequences], axis=1
+            ),
+            "finished_log_probs": ops.concatenate(
+                [state["finished_log_probs"], top_log_probs], axis=1
+            ),
+            "finished_lengths": ops.concatenate(
+                [
+                    state["finished_lengths"],
+                    ops.broadcast_to(length, ops.shape(tokens)),
+                ],
+                axis=1,
+            ),
+        }
+        new_state = {
+            key: _gather_beams(value, kept) for key, value in merged.items()
+        }
+        new_state["finished_scores"] = new_scores
+        # Frozen rows keep their finished set as it was when they stopped.
+        done = state["done"]
+        for key, value in new_state.items():
+            mask = ops.reshape(
+                done, (batch_size,) + (1,) * (len(value.shape) - 1)
+            )
+            new_state[key] = ops.where(mask, state[key], value)
+
+        bound = alive_log_probs[:, 0] / best_penalty
+        nth_best = ops.take(
+            new_state["finished_scores"], num_return_sequences - 1, axis=1
+        )
+        new_state["done"] = ops.logical_or(
+            done,
+            ops.logical_or(nth_best >= bound, alive_log_probs[:, 0] == NEG_INF),
+        )
+        new_state["alive_sequences"] = alive_sequences
+        new_state["alive_log_probs"] = alive_log_probs
+        new_state["cache"] = cache
+        return index + 1, new_state
+
+    state = {
+        "alive_sequences": sequences,
+        "alive_log_probs": alive_log_probs,
+        "cache": dict(cache),
+        "finished_sequences": finished_sequences,
+        "finished_scores": finished_scores,
+        "finished_log_probs": finished_log_probs,
+        "finished_lengths": finished_lengths,
+        "done": done,
+    }
+    index = ops.convert_to_tensor(0, "int32")
+    _, state = ops.while_loop(
+        cond, body, (index, state), maximum_iterations=max_length
+    )
+    n = num_return_sequences if static_n else beam_size
+    return {
+        "token_ids": state["finished_sequences"][:, :n, 1:],
+        "lengths": state["finished_lengths"][:, :n],
+        "log_probs": state["finished_log_probs"][:, :n],
+        "scores": state["finished_scores"][:, :n],
+    }
+
+
+def banned_logits(vocabulary_size, banned_ids):
+    """``(V,)`` float32: 0 for tokens the search may emit, -inf for
+    ``banned_ids``."""
+    banned = np.zeros((vocabulary_size,), "float32")
+    for token in banned_ids:
+        if token is not None and 0 <= token < vocabulary_size:
+            banned[token] = NEG_INF
+    return ops.convert_to_tensor(banned)

@@ -1,0 +1,382 @@
+"""`Translator`: a trained `Transformer` and its tokenizer, turning
+sentences into translations, saved and loaded as one directory."""
+
+import dataclasses
+import json
+import os
+import warnings
+
+import keras
+import numpy as np
+
+from keras_transformer.generation.generator import METHODS, Generator
+from keras_transformer.version import __version__
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.weights.h5"
+TOKENIZER_DIR = "tokenizer"
+GENERATION_CONFIG_FILE = "generation_config.json"
+LONG_INPUTS = ("truncate", "error")
+
+
+@dataclasses.dataclass
+class GenerationConfig:
+    """Decoding settings of a `Translator`; the defaults are the paper's
+    (section 6.1: beam size 4, alpha 0.6, input length + 50).
+
+    Attributes:
+        method: ``"beam"``, ``"greedy"`` or ``"sample"``.
+        beam_size: hypotheses kept alive per sentence.
+        length_penalty: alpha of the GNMT penalty ``((5 + |Y|) / 6) **
+            alpha``; 0 ranks by raw log-probability (shorter outputs),
+            larger values favour longer outputs.
+        max_length: a fixed limit on generated tokens; None for the
+            paper's rule, source length plus ``max_length_offset``.
+            Either way capped at the model's ``max_sequence_length``.
+        max_length_offset: the 50 of "input length + 50", where the input
+            length counts the source's subword tokens and its end token.
+        num_return_sequences: translations returned per sentence.
+        temperature, top_k, top_p: sampling filters (``method="sample"``).
+        seed: sampling seed.
+        batch_size: sentences decoded together (sorted by length).
+        long_inputs: a sentence with more subword tokens than the model
+            accepts (``max_sequence_length - 1``, one place is the end
+            token) is ``"truncate"``-d with a warning, or raises a
+            `ValueError` with ``"error"``.
+    """
+
+    method: str = "beam"
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    max_length: int | None = None
+    max_length_offset: int = 50
+    num_return_sequences: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    batch_size: int = 32
+    long_inputs: str = "truncate"
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not one of {METHODS}.")
+        if self.long_inputs not in LONG_INPUTS:
+            raise ValueError(
+                f"long_inputs={self.long_inputs!r} is not one of {LONG_INPUTS}."
+            )
+        for name in ("beam_size", "batch_size", "num_return_sequences"):
+            value = getattr(self, name)
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name}={value} must be a positive integer.")
+
+    def replace(self, **overrides):
+        """A copy with some settings changed; unknown names raise."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise TypeError(
+                f"Unknown generation settings {unknown}; the settings are "
+                f"{sorted(fields)}."
+            )
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, config):
+        return cls().replace(**config)
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    """One translation with its scores (see `SearchResult`)."""
+
+    text: str
+    token_ids: list
+    score: float
+    log_prob: float
+
+
+class Translator:
+    """Translates sentences with a trained `Transformer` and tokenizer.
+
+    Sentences are tokenized, given the end token (the encoder input of the
+    training pipeline), sorted by length and decoded in batches with a
+    cached, compiled search (`Generator`); translations come back in the
+    input order. A progress bar shows on inputs of more than one batch.
+
+    Inputs the model cannot take are handled explicitly: an empty (or
+    all-whitespace) sentence translates to ``""`` without running the
+    model; a sentence longer than the model's ``max_sequence_length - 1``
+    subword tokens is truncated with a warning (or rejected with
+    ``long_inputs="error"``); anything but a str raises `TypeError`.
+
+    Args:
+        model: a trained `keras_transformer.Transformer`.
+        tokenizer: a `keras_transformer.data.SubwordTokenizer` (or any
+            object with ``tokenize``, ``detokenize`` and the special ids).
+        generation_config: a `GenerationConfig`; keyword arguments
+            override its settings.
+
+    Example:
+    >>> translator = Translator(model, tokenizer, beam_size=4)
+    >>> translator.translate(["A man rides a bike."])
+    ['Ein Mann fährt Fahrrad.']
+    >>> translator.save("out/translator")
+    >>> translator = Translator.from_pretrained("out/translator")
+    """
+
+    def __init__(self, model, tokenizer, generation_config=None, **settings):
+        self.model = model
+        self.tokenizer = tokenizer
+        config = generation_config or GenerationConfig()
+        self.generation_config = config.replace(**settings)
+        model_vocabulary = model.target_vocabulary_size or model.vocabulary_size
+        if tokenizer.vocabulary_size > model_vocabulary:
+            raise ValueError(
+                f"The tokenizer has {tokenizer.vocabulary_size} ids but the "
+                f"model's vocabulary_size is {model_vocabulary}. Use the "
+                "tokenizer the model was trained with."
+            )
+        self.generator = Generator(
+            model,
+            start_id=tokenizer.start_id,
+            end_id=tokenizer.end_id,
+            pad_id=tokenizer.pad_id,
+        )
+
+    # --- translation
+
+    def translate(self, sentences, verbose="auto", **settings):
+        """Translates a sentence or a list of sentences.
+
+        Args:
+            sentences: a str or a list (or tuple) of str.
+            verbose: ``"auto"`` shows a progress bar when there is more
+                than one batch; True or False force it on or off.
+            **settings: overrides of the `GenerationConfig` for this call,
+                e.g. ``beam_size=4, length_penalty=0.6``.
+
+        Returns:
+            A str for a str; a list of str for a list. With
+            ``num_return_sequences=n > 1``, each str becomes a list of
+            the n best (or sampled) translations.
+        """
+        results = self.translate_with_scores(
+            sentences, verbose=verbose, **settings
+        )
+        single = isinstance(sentences, str)
+        results = [results] if single else results
+        config = self.generation_config.replace(**settings)
+        if config.num_return_sequences == 1:
+            texts = [hypotheses[0].text for hypotheses in results]
+        else:
+            texts = [[h.text for h in hypotheses] for hypotheses in results]
+        return texts[0] if single else texts
+
+    def translate_with_scores(self, sentences, verbose="auto", **settings):
+        """Like `translate`, but each sentence gives a list of
+        `Hypothesis` (text, token ids, score, log-probability), best
+        first (a single list for a single str)."""
+        config = self.generation_config.replace(**settings)
+        single = isinstance(sentences, str)
+        sentences = self._check_sentences(sentences)
+        n = config.num_return_sequences
+        empty = [Hypothesis("", [], 0.0, 0.0)] * n
+        results = [list(empty) for _ in sentences]
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        token_lists = self._tokenize([sentences[i] for i in todo], config)
+
+        # Longest first: the slowest batch compiles and runs first, and
+        # sentences of similar length share a batch.
+        order = sorted(
+            range(len(todo)), key=lambda j: len(token_lists[j]), reverse=True
+        )
+        show = verbose is True or (
+            verbose == "auto" and len(order) > config.batch_size
+        )
+        progress = keras.utils.Progbar(len(order)) if show else None
+        for begin in range(0, len(order), config.batch_size):
+            chunk = order[begin : begin + config.batch_size]
+            hypotheses = self._translate_batch(
+                [token_lists[j] for j in chunk], config
+            )
+            for j, row in zip(chunk, hypotheses, strict=True):
+                results[todo[j]] = row
+            if progress is not None:
+                progress.add(len(chunk))
+        return results[0] if single else results
+
+    def _check_sentences(self, sentences):
+        if isinstance(sentences, str):
+            return [sentences]
+        if not isinstance(sentences, (list, tuple)):
+            raise TypeError(
+                "translate expects a str or a list of str; got "
+                f"{type(sentences).__name__}."
+            )
+        for i, sentence in enumerate(sentences):
+            if not isinstance(sentence, str):
+                raise TypeError(
+                    f"Sentence {i} is a {type(sentence).__name__}, not a "
+                    f"str: {sentence!r}. Pass text (decode bytes first)."
+                )
+        return list(sentences)
+
+    def _tokenize(self, sentences, config):
+        if not sentences:
+            return []
+        tokens = self.tokenizer.tokenize(list(sentences))
+        tokens = tokens.to_list() if hasattr(tokens, "to_list") else tokens
+        tokens = [[int(t) for t in row] for row in tokens]
+        limit = self.model.max_sequence_length - 1  # one place for the end
+        long = [i for i, row in enumerate(tokens) if len(row) > limit]
+        if long:
+            first = long[0]
+            description = (
+                f"{len(long)} sentence(s) have more than {limit} subword "
+                f"tokens, the most the model takes (max_sequence_length="
+                f"{self.model.max_sequence_length}, one place for the end "
+                f"token); the first, {sentences[first][:60]!r}, has "
+                f"{len(tokens[first])}."
+            )
+            if config.long_inputs == "error":
+                raise ValueError(
+                    f"{description} Split long sentences, or pass "
+                    'long_inputs="truncate" to cut them.'
+                )
+            warnings.warn(
+                f"{description} They are truncated to {limit} tokens.",
+                stacklevel=4,
+            )
+            tokens = [row[:limit] for row in tokens]
+        return tokens
+
+    def _translate_batch(self, token_lists, config):
+        end_id = self.tokenizer.end_id
+        width = max(len(row) for row in token_lists) + 1
+        ids = np.full((len(token_lists), width), self.tokenizer.pad_id)
+        for i, row in enumerate(token_lists):
+            ids[i, : len(row) + 1] = [*row, end_id]
+        mask = np.zeros_like(ids)
+        for i, row in enumerate(token_lists):
+            mask[i, : len(row) + 1] = 1
+        result = self.generator.generate(
+            ids.astype("int32"),
+            mask.astype("int32"),
+            method=config.method,
+            beam_size=config.beam_size,
+            length_penalty=config.length_penalty,
+            max_length=config.max_length,
+            max_length_offset=config.max_length_offset,
+            num_return_sequences=config.num_return_sequences,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            seed=config.seed,
+        )
+        sequences = result.sequences(end_id)
+        flat = [tokens for row in sequences for tokens in row]
+        texts = self.tokenizer.detokenize(flat) if flat else []
+        if isinstance(texts, str):
+            texts = [texts]
+        n = config.num_return_sequences
+        return [
+            [
+                Hypothesis(
+                    text=texts[i * n + k],
+                    token_ids=sequences[i][k],
+                    score=float(result.scores[i, k]),
+                    log_prob=float(result.log_probs[i, k]),
+                )
+                for k in range(n)
+            ]
+            for i in range(len(token_lists))
+        ]
+
+    # --- saving
+
+    def save(self, directory):
+        """Writes the translator to a directory, without pickle.
+
+        ``config.json`` (the model's configuration and a format version),
+        ``model.weights.h5``, ``tokenizer/`` and
+        ``generation_config.json``. `from_pretrained` reads it back under
+        any backend.
+        """
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        config = {
+            "format_version": FORMAT_VERSION,
+            "keras_transformer_version": __version__,
+            "model_class": type(self.model).__name__,
+            "model_config": self.model.get_config(),
+        }
+        _write_json(os.path.join(directory, CONFIG_FILE), config)
+        self.model.save_weights(os.path.join(directory, WEIGHTS_FILE))
+        self.tokenizer.save(os.path.join(directory, TOKENIZER_DIR))
+        _write_json(
+            os.path.join(directory, GENERATION_CONFIG_FILE),
+            self.generation_config.to_dict(),
+        )
+
+    @classmethod
+    def from_pretrained(cls, directory, **settings):
+        """Loads a translator written by `save`.
+
+        Args:
+            directory: the saved translator's directory.
+            **settings: generation settings overriding the saved ones.
+        """
+        from keras_transformer.data import load_tokenizer
+        from keras_transformer.models import Transformer
+
+        directory = os.fspath(directory)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(
+                f"No translator directory at {directory!r}; expected one "
+                "written by Translator.save(directory)."
+            )
+        expected = (CONFIG_FILE, WEIGHTS_FILE, GENERATION_CONFIG_FILE)
+        for name in expected + (TOKENIZER_DIR,):
+            if not os.path.exists(os.path.join(directory, name)):
+                raise FileNotFoundError(
+                    f"{directory!r} has no {name}; a saved translator holds "
+                    f"{list(expected)} and {TOKENIZER_DIR}/. Save it again "
+                    "with Translator.save(directory)."
+                )
+        config = _read_json(os.path.join(directory, CONFIG_FILE))
+        version = config.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"{CONFIG_FILE} in {directory!r} has format_version="
+                f"{version!r}; this keras-transformer ({__version__}) reads "
+                f"format_version={FORMAT_VERSION}. Use the version that "
+                "saved it, or save it again."
+            )
+        if config.get("model_class") != "Transformer":
+            raise ValueError(
+                f"{CONFIG_FILE} in {directory!r} describes a "
+                f"{config.get('model_class')!r}, not a Transformer."
+            )
+        model = Transformer.from_config(config["model_config"])
+        model.load_weights(os.path.join(directory, WEIGHTS_FILE))
+        tokenizer = load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
+        generation = GenerationConfig.from_dict(
+            _read_json(os.path.join(directory, GENERATION_CONFIG_FILE))
+        )
+        return cls(model, tokenizer, generation, **settings)
+
+
+def _write_json(path, data):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,90 @@
+"""Callbacks of the training recipes."""
+
+import os
+import time
+
+import keras
+
+
+class TimeLimit(keras.callbacks.Callback):
+    """Stops training after ``max_minutes`` of wall-clock time, at the end
+    of the batch that crosses the limit. Time spent before `fit` started
+    (e.g. in an earlier, resumed run) is not counted."""
+
+    def __init__(self, max_minutes):
+        super().__init__()
+        if max_minutes is not None and max_minutes <= 0:
+            raise ValueError(f"max_minutes={max_minutes} must be positive.")
+        self.max_minutes = max_minutes
+        self.stopped = False
+
+    def on_train_begin(self, logs=None):
+        self._start = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.max_minutes is None:
+            return
+        if time.monotonic() - self._start > 60.0 * self.max_minutes:
+            self.stopped = True
+            self.model.stop_training = True
+
+
+class BleuCallback(keras.callbacks.Callback):
+    """Translates a validation subset at the end of each epoch, adds
+    ``val_bleu`` to the logs (so `keras.callbacks.CSVLogger` and
+    `TensorBoard`, placed after it, record it) and keeps the weights of
+    the best epoch in ``best_path``.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        sources, references: the validation subset, lists of str.
+        best_path: where to save the best weights
+            (``*.weights.h5``), or None.
+        every: translate every this many epochs.
+        **settings: generation settings, e.g. ``beam_size=1`` for a
+            quicker greedy estimate during training.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        sources,
+        references,
+        best_path=None,
+        every=1,
+        **settings,
+    ):
+        super().__init__()
+        if len(sources) != len(references):
+            raise ValueError(
+                f"There are {len(sources)} sources but {len(references)} "
+                "references; they must align."
+            )
+        self.tokenizer = tokenizer
+        self.sources = list(sources)
+        self.references = list(references)
+        self.best_path = best_path
+        self.every = int(every)
+        self.settings = settings
+        self.best = None
+        self.history = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every:
+            return
+        from keras_transformer.generation import Translator, evaluate_bleu
+
+        translator = Translator(self.model, self.tokenizer, **self.settings)
+        result = evaluate_bleu(
+            translator, self.sources, self.references, verbose=False
+        )
+        self.history.append((epoch, result.score))
+        if logs is not None:
+            logs["val_bleu"] = result.score
+        if self.best is None or result.score > self.best:
+            self.best = result.score
+            if self.best_path:
+                os.makedirs(
+                    os.path.dirname(self.best_path) or ".", exist_ok=True
+                )
+                self.model.save_weights(self.best_path, overwrite=True)

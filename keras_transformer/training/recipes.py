@@ -1,0 +1,389 @@
+"""The training recipes: the paper's recipe with each dataset's settings,
+run end to end (tokenizer, pipeline, `model.fit`, checkpoint averaging,
+BLEU on the test set, a saved translator)."""
+
+import dataclasses
+import json
+import os
+import time
+
+import keras
+
+RESULTS_FILE = "results.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Everything that defines a training run but the data location.
+
+    Attributes:
+        name: the recipe's name.
+        dataset, train_split, valid_split, test_split: the corpus, as
+            `keras_transformer.data.load_dataset` names it.
+        vocabulary_size: size of the shared subword vocabulary.
+        model: `Transformer` arguments.
+        max_tokens: token budget of a batch, per side.
+        max_length: the longest training sequence (and the model's
+            ``max_sequence_length``).
+        warmup_steps, learning_rate_scale: the schedule of section 5.3.
+        label_smoothing: eps_ls of section 5.4.
+        max_steps: optimizer steps to train for.
+        steps_per_epoch: steps between saved training states (the unit
+            of resumption and of logging).
+        checkpoint_every, average_last: a checkpoint every this many steps,
+            and the last ones averaged at the end (section 6.1).
+        gradient_accumulation_steps: batches summed into one update.
+        beam_size, length_penalty: decoding for evaluation (section 6.1).
+        bleu_subset: validation sentences translated after each epoch
+            (0 to skip).
+        dtype: the dtype policy, e.g. ``"mixed_bfloat16"``.
+    """
+
+    name: str
+    dataset: str
+    train_split: str
+    valid_split: str
+    test_split: str
+    vocabulary_size: int
+    model: dict
+    max_tokens: int
+    max_length: int = 256
+    warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0
+    label_smoothing: float = 0.1
+    max_steps: int = 100_000
+    steps_per_epoch: int = 1000
+    checkpoint_every: int = 1000
+    average_last: int = 5
+    gradient_accumulation_steps: int | None = None
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    bleu_subset: int = 200
+    dtype: str = "float32"
+
+    def replace(self, **overrides):
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(
+                f"Unknown recipe settings {unknown}; a recipe has "
+                f"{sorted(fields)}."
+            )
+        return dataclasses.replace(self, **overrides)
+
+
+_BASE_MODEL = {
+    "num_encoder_layers": 6,
+    "num_decoder_layers": 6,
+    "hidden_dim": 512,
+    "num_heads": 8,
+    "intermediate_dim": 2048,
+    "dropout": 0.1,
+}
+
+RECIPES = {
+    # A small model that trains on a 2-core CPU in under an hour.
+    "multi30k_en_de": Recipe(
+        name="multi30k_en_de",
+        dataset="multi30k",
+        train_split="train",
+        valid_split="valid",
+        test_split="test2016",
+        vocabulary_size=8000,
+        model={
+            "num_encoder_layers": 3,
+            "num_decoder_layers": 3,
+            "hidden_dim": 256,
+            "num_heads": 4,
+            "intermediate_dim": 1024,
+            "dropout": 0.1,
+        },
+        max_tokens=4096,
+        max_length=128,
+        warmup_steps=1000,
+        learning_rate_scale=1.0,
+        max_steps=6000,
+        steps_per_epoch=250,
+        checkpoint_every=250,
+        average_last=5,
+        bleu_subset=200,
+    ),
+    # Section 6.1 and Table 3: 100k steps of ~25k source and target tokens
+    # on 8 GPUs; the last 5 checkpoints (10-minute intervals) averaged.
+    "wmt14_en_de_base": Recipe(
+        name="wmt14_en_de_base",
+        dataset="wmt14_en_de",
+        train_split="train",
+        valid_split="newstest2013",
+        test_split="newstest2014",
+        vocabulary_size=37000,
+        model=_BASE_MODEL,
+        max_tokens=25000,
+        max_steps=100_000,
+        steps_per_epoch=1000,
+        checkpoint_every=1000,
+        average_last=5,
+    ),
+    # "big": 300k steps, dropout 0.3, the last 20 checkpoints averaged.
+    "wmt14_en_de_big": Recipe(
+        name="wmt14_en_de_big",
+        dataset="wmt14_en_de",
+        train_split="train",
+        valid_split="newstest2013",
+        test_split="newstest2014",
+        vocabulary_size=37000,
+        model={
+            **_BASE_MODEL,
+            "hidden_dim": 1024,
+            "num_heads": 16,
+            "intermediate_dim": 4096,
+            "dropout": 0.3,
+        },
+        max_tokens=25000,
+        max_steps=300_000,
+        steps_per_epoch=1000,
+        checkpoint_every=1000,
+        average_last=20,
+    ),
+}
+
+
+def get_recipe(name, **overrides):
+    if name not in RECIPES:
+        raise ValueError(
+            f"Unknown recipe {name!r}. Choose one of {sorted(RECIPES)}."
+        )
+    return RECIPES[name].replace(**overrides)
+
+
+@dataclasses.dataclass
+class RunSummary:
+    """What a finished `run_recipe` reports."""
+
+    recipe: str
+    output: str
+    steps: int
+    train_minutes: float
+    parameters: int
+    bleu: float | None
+    bleu_signature: str | None
+    stopped_by_time_limit: bool
+
+    def __str__(self):
+        bleu = (
+            "not evaluated"
+            if self.bleu is None
+            else f"{self.bleu:.2f} ({self.bleu_signature})"
+        )
+        return "\n".join(
+            [
+                f"recipe:      {self.recipe}",
+                f"steps:       {self.steps}"
+                + (
+                    " (stopped by the time limit)"
+                    if self.stopped_by_time_limit
+                    else ""
+                ),
+                f"train time:  {self.train_minutes:.1f} min",
+                f"parameters:  {self.parameters:,}",
+                f"test BLEU:   {bleu}",
+                f"translator:  {self.output} (model, tokenizer/, "
+                "generation settings)",
+            ]
+        )
+
+
+def run_recipe(
+    name,
+    data_dir=None,
+    output=None,
+    max_minutes=None,
+    max_steps=None,
+    seed=0,
+    evaluate=True,
+    test_limit=None,
+    verbose="auto",
+    **overrides,
+):
+    """Trains a recipe end to end and saves a complete translator.
+
+    Started again with the same ``output``, it resumes from the last
+    saved epoch (see `fit_resumable`).
+
+    Args:
+        name: a recipe name (`RECIPES`).
+        data_dir: a local directory with the corpus files; None downloads.
+        output: the run directory; the translator is saved there
+            (``config.json``, ``model.weights.h5``, ``tokenizer/``,
+            ``generation_config.json``) next to ``checkpoints/``,
+            ``state/``, ``logs/`` and ``results.json``.
+        max_minutes: stop training after this much wall-clock time.
+        max_steps: override the recipe's number of steps.
+        seed: seed of initialization, dropout and data order.
+        evaluate: translate the test set and report BLEU.
+        test_limit: evaluate on the first this many test sentences only.
+        verbose: Keras verbosity of `fit`.
+        **overrides: other `Recipe` settings.
+
+    Returns:
+        A `RunSummary`.
+    """
+    from keras_transformer import data
+    from keras_transformer.generation import Translator, evaluate_bleu
+    from keras_transformer.models import Transformer
+    from keras_transformer.training import (
+        KeepLastCheckpoints,
+        LabelSmoothedCrossEntropy,
+        MaskedAccuracy,
+        Perplexity,
+        average_checkpoints,
+        fit_resumable,
+        list_checkpoints,
+        transformer_optimizer,
+    )
+    from keras_transformer.training.callbacks import BleuCallback, TimeLimit
+
+    if max_steps is not None:
+        overrides["max_steps"] = max_steps
+    recipe = get_recipe(name, **overrides)
+    output = output or os.path.join("runs", recipe.name)
+    os.makedirs(output, exist_ok=True)
+
+    train_files = data.load_dataset(
+        recipe.dataset, recipe.train_split, data_dir
+    )
+    tokenizer_dir = os.path.join(output, "tokenizer")
+    if os.path.exists(tokenizer_dir):
+        tokenizer = data.load_tokenizer(tokenizer_dir)
+    else:
+        tokenizer = data.train_tokenizer(
+            list(train_files), vocabulary_size=recipe.vocabulary_size
+        )
+        tokenizer.save(tokenizer_dir)
+    dataset = data.translation_dataset(
+        *train_files,
+        tokenizer,
+        max_tokens=recipe.max_tokens,
+        shuffle=True,
+        seed=seed,
+        deterministic=True,
+        max_length=recipe.max_length,
+        repeat=True,
+    )
+
+    keras.utils.set_random_seed(seed)
+    model = Transformer(
+        vocabulary_size=tokenizer.vocabulary_size,
+        max_sequence_length=recipe.max_length,
+        dtype=recipe.dtype,
+        **recipe.model,
+    )
+    model.compile(
+        optimizer=transformer_optimizer(
+            model.hidden_dim,
+            warmup_steps=recipe.warmup_steps,
+            scale=recipe.learning_rate_scale,
+            gradient_accumulation_steps=recipe.gradient_accumulation_steps,
+        ),
+        loss=LabelSmoothedCrossEntropy(recipe.label_smoothing),
+        metrics=[MaskedAccuracy(), Perplexity()],
+    )
+
+    checkpoints = os.path.join(output, "checkpoints")
+    logs = os.path.join(output, "logs")
+    os.makedirs(logs, exist_ok=True)
+    time_limit = TimeLimit(max_minutes)
+    callbacks = [
+        time_limit,
+        KeepLastCheckpoints(
+            checkpoints,
+            keep=recipe.average_last,
+            save_every=recipe.checkpoint_every,
+        ),
+    ]
+    if recipe.bleu_subset:
+        valid_pairs, _ = data.load_pairs(
+            recipe.dataset, recipe.valid_split, data_dir
+        )
+        valid_pairs = valid_pairs[: recipe.bleu_subset]
+        callbacks.append(
+            BleuCallback(
+                tokenizer,
+                [s for s, _ in valid_pairs],
+                [t for _, t in valid_pairs],
+                best_path=os.path.join(output, "best.weights.h5"),
+                beam_size=1,
+            )
+        )
+    # After the BLEU callback, so that they record val_bleu.
+    callbacks += [
+        keras.callbacks.CSVLogger(
+            os.path.join(logs, "training.csv"), append=True
+        ),
+        keras.callbacks.TensorBoard(os.path.join(logs, "tensorboard")),
+    ]
+
+    start = time.monotonic()
+    fit_resumable(
+        model,
+        dataset,
+        total_steps=recipe.max_steps,
+        steps_per_epoch=recipe.steps_per_epoch,
+        directory=os.path.join(output, "state"),
+        callbacks=callbacks,
+        verbose=verbose,
+    )
+    train_minutes = (time.monotonic() - start) / 60.0
+    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+    to_average = list_checkpoints(checkpoints)[-recipe.average_last :]
+    if len(to_average) > 1:
+        average_checkpoints(model, to_average)
+
+    translator = Translator(
+        model,
+        tokenizer,
+        beam_size=recipe.beam_size,
+        length_penalty=recipe.length_penalty,
+    )
+    translator.save(output)
+
+    bleu = signature = None
+    if evaluate:
+        test_pairs, _ = data.load_pairs(
+            recipe.dataset, recipe.test_split, data_dir
+        )
+        if test_limit:
+            test_pairs = test_pairs[:test_limit]
+        result = evaluate_bleu(
+            translator,
+            [s for s, _ in test_pairs],
+            [t for _, t in test_pairs],
+        )
+        bleu, signature = result.score, result.signature
+        with open(os.path.join(output, "test_translations.txt"), "w") as f:
+            f.writelines(h + "\n" for h in result.hypotheses)
+
+    summary = RunSummary(
+        recipe=recipe.name,
+        output=output,
+        steps=steps,
+        train_minutes=train_minutes,
+        parameters=model.count_params(),
+        bleu=bleu,
+        bleu_signature=signature,
+        stopped_by_time_limit=time_limit.stopped,
+    )
+    with open(os.path.join(output, RESULTS_FILE), "w") as f:
+        json.dump(
+            {
+                **dataclasses.asdict(summary),
+                "recipe_settings": dataclasses.asdict(recipe),
+                "averaged_checkpoints": [
+                    os.path.basename(p) for p in to_average
+                ],
+            },
+            f,
+            indent=2,
+        )
+    return summary

@@ -1,0 +1,73 @@
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The learning rate of section 5.3.
+
+    ``lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)``:
+    a linear warm-up for ``warmup_steps`` steps, then decay proportional to
+    the inverse square root of the step. Steps count from 1, so the
+    optimizer's ``iterations`` (which count from 0) are shifted by one.
+
+    Args:
+        hidden_dim: d_model.
+        warmup_steps: 4000 in the paper.
+        scale: a constant factor on the whole schedule (1 in the paper;
+            fairseq and tensor2tensor expose it for other batch sizes).
+
+    Example:
+    >>> schedule = TransformerSchedule(512)
+    >>> optimizer = keras.optimizers.Adam(schedule, 0.9, 0.98, 1e-9)
+    """
+
+    def __init__(self, hidden_dim, warmup_steps=4000, scale=1.0):
+        if int(hidden_dim) < 1:
+            raise ValueError(f"hidden_dim={hidden_dim} must be positive.")
+        if int(warmup_steps) < 1:
+            raise ValueError(
+                f"warmup_steps={warmup_steps} must be a positive integer."
+            )
+        self.hidden_dim = int(hidden_dim)
+        self.warmup_steps = int(warmup_steps)
+        self.scale = float(scale)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32") + 1.0
+        decay = ops.power(step, -0.5)
+        warmup = step * self.warmup_steps**-1.5
+        return self.scale * self.hidden_dim**-0.5 * ops.minimum(decay, warmup)
+
+    def get_config(self):
+        return {
+            "hidden_dim": self.hidden_dim,
+            "warmup_steps": self.warmup_steps,
+            "scale": self.scale,
+        }
+
+
+def transformer_optimizer(
+    hidden_dim,
+    warmup_steps=4000,
+    scale=1.0,
+    gradient_accumulation_steps=None,
+    **kwargs,
+):
+    """Adam with beta_1 = 0.9, beta_2 = 0.98, epsilon = 1e-9 and the
+    schedule of section 5.3.
+
+    ``gradient_accumulation_steps`` sums gradients over that many batches
+    before each update (Keras' own accumulation), so a small machine can
+    reach the paper's 25,000-token batches; the schedule then counts
+    updates, not batches. Other keyword arguments go to `keras.optimizers.
+    Adam` (e.g. ``clipnorm``).
+    """
+    return keras.optimizers.Adam(
+        learning_rate=TransformerSchedule(hidden_dim, warmup_steps, scale),
+        beta_1=0.9,
+        beta_2=0.98,
+        epsilon=1e-9,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        **kwargs,
+    )

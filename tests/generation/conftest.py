@@ -1,0 +1,135 @@
+"""Shared fixtures: a tiny Transformer trained for a few seconds to
+reverse sequences, so that searches have a real distribution to explore."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+
+PAD, UNK, START, END = 0, 1, 2, 3
+VOCABULARY_SIZE = 16
+
+
+def reverse_task(rng, num_examples, min_length=2, max_length=7):
+    """Sources of random tokens + [end]; targets are the reversed tokens.
+
+    Returns ``(source_ids, source_mask, decoder_ids, labels, weights)``.
+    """
+    width = max_length + 1
+    sources = np.zeros((num_examples, width), "int32")
+    decoder = np.zeros((num_examples, width), "int32")
+    labels = np.zeros((num_examples, width), "int32")
+    for i in range(num_examples):
+        length = rng.integers(min_length, max_length + 1)
+        tokens = rng.integers(4, VOCABULARY_SIZE, length)
+        sources[i, : length + 1] = [*tokens, END]
+        decoder[i, : length + 1] = [START, *tokens[::-1]]
+        labels[i, : length + 1] = [*tokens[::-1], END]
+    source_mask = (sources != PAD).astype("int32")
+    weights = (labels != PAD).astype("float32")
+    return sources, source_mask, decoder, labels, weights
+
+
+def build_tiny_model(seed=0, **kwargs):
+    keras.utils.set_random_seed(seed)
+    config = dict(
+        vocabulary_size=VOCABULARY_SIZE,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        hidden_dim=32,
+        num_heads=2,
+        intermediate_dim=64,
+        dropout=0.0,
+        max_sequence_length=32,
+    )
+    config.update(kwargs)
+    return kt.Transformer(**config)
+
+
+def train_tiny_model(epochs=4):
+    """A tiny model trained briefly on reversal: good, not perfect."""
+    model = build_tiny_model(seed=1)
+    rng = np.random.default_rng(1)
+    sources, source_mask, decoder, labels, weights = reverse_task(rng, 2048)
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    model.fit(
+        {
+            "encoder_token_ids": sources,
+            "encoder_padding_mask": source_mask,
+            "decoder_token_ids": decoder,
+            "decoder_padding_mask": (decoder != PAD).astype("int32")
+            | (np.arange(decoder.shape[1]) == 0),
+        },
+        labels,
+        sample_weight=weights,
+        batch_size=64,
+        epochs=epochs,
+        verbose=0,
+        shuffle=False,
+    )
+    return model
+
+
+@pytest.fixture(scope="session")
+def trained_model():
+    return train_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def trained_generator(trained_model):
+    """One `Generator` for the session, so compiled searches are reused."""
+    from keras_transformer.generation import Generator
+
+    return Generator(trained_model)
+
+
+@pytest.fixture(scope="session")
+def test_batch():
+    """Held-out reversal sources: ``(source_ids, source_mask)``."""
+    rng = np.random.default_rng(123)
+    sources, source_mask, *_ = reverse_task(rng, 24)
+    return sources, source_mask
+
+
+SENTENCES = [
+    "a man rides a bike",
+    "two dogs play in the snow",
+    "a woman is reading a book",
+    "the children run on the beach",
+    "a dog",
+    "people walk down a busy street at night",
+]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from keras_transformer.data import train_tokenizer
+
+    return train_tokenizer(
+        sentences=SENTENCES * 10, vocabulary_size=64, byte_fallback=False
+    )
+
+
+@pytest.fixture(scope="session")
+def translator(tokenizer):
+    """An untrained tiny translator: fast, deterministic, and producing
+    non-empty outputs up to its length limit."""
+    from keras_transformer.generation import Translator
+
+    model = build_tiny_model(
+        seed=2,
+        vocabulary_size=tokenizer.vocabulary_size,
+        max_sequence_length=24,
+    )
+    return Translator(model, tokenizer, max_length_offset=4, batch_size=4)
+
+
+@pytest.fixture(scope="session")
+def saved_translator(translator, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("translator")
+    translator.save(directory)
+    return directory

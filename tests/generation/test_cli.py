@@ -1,0 +1,93 @@
+"""`keras-transformer translate`, in-process and as a command."""
+
+import io
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_transformer import cli
+from tests.generation.conftest import SENTENCES
+
+
+def test_help_and_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["translate", "--help"])
+    assert exit_info.value.code == 0
+    assert "--beam-size" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert "keras-transformer" in capsys.readouterr().out
+
+
+def test_translate_file(translator, saved_translator, tmp_path, capsys):
+    source = tmp_path / "source.txt"
+    lines = [SENTENCES[0], "", SENTENCES[2]]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    output = tmp_path / "out.txt"
+    reference = tmp_path / "reference.txt"
+    expected = translator.translate(lines)
+    reference.write_text("\n".join(expected) + "\n", encoding="utf-8")
+    status = cli.main(
+        [
+            "translate",
+            "--model",
+            str(saved_translator),
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--reference",
+            str(reference),
+        ]
+    )
+    assert status == 0
+    assert output.read_text(encoding="utf-8").split("\n")[:-1] == expected
+    assert "BLEU = " in capsys.readouterr().err
+
+
+def test_translate_stdin(translator, saved_translator, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(SENTENCES[1] + "\n"))
+    status = cli.main(
+        ["translate", "--model", str(saved_translator), "--beam-size", "2"]
+    )
+    assert status == 0
+    expected = translator.translate(SENTENCES[1], beam_size=2)
+    assert capsys.readouterr().out == expected + "\n"
+
+
+def test_missing_model_is_a_clear_error(tmp_path, capsys):
+    status = cli.main(["translate", "--model", str(tmp_path / "none")])
+    assert status == 1
+    assert "Translator.save" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_command_under_another_backend(translator, saved_translator):
+    # Saved under this backend, loaded and run under another one.
+    other = {"jax": "torch", "torch": "tensorflow", "tensorflow": "jax"}[
+        keras.backend.backend()
+    ]
+    env = dict(os.environ, KERAS_BACKEND=other, TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_transformer.cli",
+            "translate",
+            "--model",
+            str(saved_translator),
+            "--beam-size",
+            "1",
+        ],
+        input="\n".join(SENTENCES[:3]) + "\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr
+    expected = translator.translate(SENTENCES[:3], beam_size=1)
+    assert process.stdout.split("\n")[:-1] == expected

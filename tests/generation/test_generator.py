@@ -1,0 +1,225 @@
+"""Decoding a `Transformer`: cache, beam search, scores and lengths."""
+
+import numpy as np
+import pytest
+
+from keras_transformer.generation import Generator, hypothesis_lengths
+from tests.generation.conftest import END, PAD, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    # Untrained, with a larger vocabulary: flat distributions, long outputs.
+    return build_tiny_model(seed=5, vocabulary_size=40, num_decoder_layers=2)
+
+
+@pytest.fixture(scope="module")
+def random_generator(random_model):
+    return Generator(random_model)
+
+
+@pytest.fixture(scope="module")
+def random_sources():
+    rng = np.random.default_rng(7)
+    ids = rng.integers(4, 40, (5, 9)).astype("int32")
+    lengths = np.array([9, 3, 6, 1, 8])
+    for row, length in enumerate(lengths):
+        ids[row, length - 1] = END
+        ids[row, length:] = PAD
+    return ids, (ids != PAD).astype("int32")
+
+
+SEARCHES = [
+    ("greedy", {}),
+    ("beam", {"beam_size": 4, "num_return_sequences": 3}),
+    ("sample", {"seed": 3, "top_k": 10, "num_return_sequences": 2}),
+]
+
+
+@pytest.mark.parametrize("method,settings", SEARCHES, ids=lambda x: str(x))
+def test_cached_decoding_equals_full_rerun(
+    random_generator, random_sources, method, settings
+):
+    ids, mask = random_sources
+    generator = random_generator
+    cached = generator.generate(
+        ids, mask, method=method, max_length=12, **settings
+    )
+    full = generator.generate(
+        ids, mask, method=method, max_length=12, use_cache=False, **settings
+    )
+    np.testing.assert_array_equal(cached.token_ids, full.token_ids)
+    np.testing.assert_array_equal(cached.lengths, full.lengths)
+    np.testing.assert_allclose(cached.scores, full.scores, atol=1e-4)
+    # Untrained: outputs run to the limit, so every step was compared.
+    assert cached.lengths.max() == 12
+
+
+@pytest.mark.slow
+def test_cached_decoding_equals_full_rerun_on_trained_model(
+    trained_generator, test_batch
+):
+    ids, mask = test_batch
+    generator = trained_generator
+    for method in ("greedy", "beam"):
+        cached = generator.generate(ids, mask, method=method)
+        full = generator.generate(ids, mask, method=method, use_cache=False)
+        np.testing.assert_array_equal(cached.token_ids, full.token_ids)
+        np.testing.assert_allclose(cached.scores, full.scores, atol=1e-4)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_size_one_equals_greedy(trained_generator, test_batch, alpha):
+    ids, mask = test_batch
+    generator = trained_generator
+    greedy = generator.generate(
+        ids, mask, method="greedy", length_penalty=alpha
+    )
+    beam = generator.generate(
+        ids, mask, method="beam", beam_size=1, length_penalty=alpha
+    )
+    np.testing.assert_array_equal(beam.token_ids, greedy.token_ids)
+    np.testing.assert_array_equal(beam.lengths, greedy.lengths)
+    np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
+
+
+def test_beam_scores_at_least_greedy_and_equal_model_scoring(
+    trained_generator, test_batch
+):
+    ids, mask = test_batch
+    generator = trained_generator
+    greedy = generator.generate(ids, mask, method="greedy", length_penalty=0.6)
+    beam = generator.generate(
+        ids,
+        mask,
+        method="beam",
+        beam_size=4,
+        length_penalty=0.6,
+        num_return_sequences=4,
+    )
+    # The paper's objective: length-normalized log-probability.
+    assert beam.scores[:, 0].mean() >= greedy.scores[:, 0].mean()
+    # Best first.
+    assert (np.diff(beam.scores, axis=1) <= 1e-6).all()
+    # Every returned hypothesis, rescored by a full forward pass of the
+    # model (teacher forcing), has the score the search reported.
+    for rank in range(4):
+        log_probs, lengths, scores = generator.score(
+            ids, beam.token_ids[:, rank], mask, length_penalty=0.6
+        )
+        np.testing.assert_array_equal(lengths, beam.lengths[:, rank])
+        np.testing.assert_allclose(
+            log_probs, beam.log_probs[:, rank], atol=1e-4
+        )
+        np.testing.assert_allclose(scores, beam.scores[:, rank], atol=1e-4)
+    log_probs, _, scores = generator.score(
+        ids, greedy.token_ids[:, 0], mask, length_penalty=0.6
+    )
+    np.testing.assert_allclose(scores, greedy.scores[:, 0], atol=1e-4)
+
+
+def test_length_penalty_lengthens_outputs(trained_generator, test_batch):
+    ids, mask = test_batch
+    generator = trained_generator
+    lengths = {
+        alpha: generator.generate(
+            ids, mask, method="beam", length_penalty=alpha
+        ).lengths[:, 0]
+        for alpha in (0.0, 0.6, 3.0)
+    }
+    # Documented direction: a larger alpha gives longer (or equal) outputs.
+    assert lengths[0.6].mean() >= lengths[0.0].mean()
+    assert lengths[3.0].mean() >= lengths[0.6].mean()
+    assert lengths[3.0].mean() > lengths[0.0].mean()
+
+
+def test_finished_hypotheses_never_grow(random_generator, random_sources):
+    ids, mask = random_sources
+    result = random_generator.generate(
+        ids, mask, beam_size=4, num_return_sequences=4, max_length=12
+    )
+    limits = np.full((len(ids),), 12)
+    for row in range(len(ids)):
+        for rank in range(4):
+            tokens = result.token_ids[row, rank]
+            length = result.lengths[row, rank]
+            ends = np.flatnonzero(tokens == END)
+            # At most one end token, last; padding after the hypothesis.
+            assert len(ends) <= 1
+            if len(ends):
+                assert ends[0] == length - 1
+            else:
+                assert length == limits[row]
+            assert (tokens[length:] == PAD).all()
+            assert (tokens[:length] != PAD).all()
+    np.testing.assert_array_equal(
+        hypothesis_lengths(result.token_ids[:, 0]), result.lengths[:, 0]
+    )
+
+
+def test_default_max_length_is_input_length_plus_offset(random_generator):
+    ids = np.full((3, 4), 7, "int32")
+    ids[:, -1] = END
+    ids[1, 1:] = [END, PAD, PAD]
+    result = random_generator.generate(
+        ids, method="greedy", max_length_offset=5
+    )
+    source_lengths = (ids != PAD).sum(axis=1)
+    assert (result.lengths[:, 0] <= source_lengths + 5).all()
+    # The untrained model rarely ends: most rows hit their own limit.
+    assert (result.lengths[:, 0] == source_lengths + 5).sum() >= 2
+
+
+def test_compiles_once_per_bucket(random_generator, random_sources):
+    ids, mask = random_sources
+    generator = random_generator
+    kwargs = dict(method="greedy", max_length=12)
+    first = generator.generate(ids, mask, **kwargs)
+    count = len(generator._functions)
+    # Another batch size and source length in the same buckets, and
+    # another length penalty (a runtime argument): no new program.
+    generator.generate(
+        ids[[0, 2, 4, 1, 3, 0, 2]], mask[[0, 2, 4, 1, 3, 0, 2]], **kwargs
+    )
+    generator.generate(ids[:, :7], mask[:, :7], length_penalty=0.1, **kwargs)
+    assert len(generator._functions) == count
+    again = generator.generate(
+        ids[[2, 0]], mask[[2, 0]], max_length=12, method="greedy"
+    )
+    # Padding a batch to its bucket changes no row's result.
+    np.testing.assert_array_equal(again.token_ids[1], first.token_ids[0])
+
+
+def test_sampling(trained_generator, test_batch):
+    ids, mask = test_batch
+    generator = trained_generator
+    kwargs = dict(method="sample", num_return_sequences=3, temperature=1.5)
+    first = generator.generate(ids, mask, seed=1, **kwargs)
+    again = generator.generate(ids, mask, seed=1, **kwargs)
+    other = generator.generate(ids, mask, seed=2, **kwargs)
+    np.testing.assert_array_equal(first.token_ids, again.token_ids)
+    assert (first.token_ids != other.token_ids).any()
+    # Samples' scores are the model's own (untempered) scores.
+    log_probs, _, _ = generator.score(ids, first.token_ids[:, 1], mask)
+    np.testing.assert_allclose(log_probs, first.log_probs[:, 1], atol=1e-4)
+    # top_k=1 leaves one candidate: sampling becomes greedy search.
+    top1 = generator.generate(ids, mask, method="sample", top_k=1, seed=4)
+    greedy = generator.generate(ids, mask, method="greedy")
+    np.testing.assert_array_equal(top1.token_ids, greedy.token_ids)
+
+
+def test_bad_arguments(random_generator):
+    generator = random_generator
+    ids = np.array([[5, 6, END]], "int32")
+    with pytest.raises(ValueError, match="method='topk'"):
+        generator.generate(ids, method="topk")
+    with pytest.raises(ValueError, match="num_return_sequences=5"):
+        generator.generate(ids, beam_size=4, num_return_sequences=5)
+    with pytest.raises(ValueError, match="max_sequence_length=32"):
+        generator.generate(np.ones((1, 40), "int32"))
+    with pytest.raises(ValueError, match="max_length=99"):
+        generator.generate(ids, max_length=99)
+    with pytest.raises(TypeError, match="integer token ids"):
+        generator.generate(np.ones((1, 3), "float32"))
+    with pytest.raises(ValueError, match="temperature=0"):
+        generator.generate(ids, method="sample", temperature=0)

@@ -1,0 +1,135 @@
+"""`Translator`: batching, bad inputs, saving, BLEU."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from keras_transformer.generation import (
+    GenerationConfig,
+    Translator,
+    corpus_bleu,
+    evaluate_bleu,
+)
+from tests.generation.conftest import SENTENCES
+
+
+def test_translate_restores_order_across_batches(translator):
+    # 6 sentences of different lengths, batches of 4 sorted by length.
+    forward = translator.translate(SENTENCES)
+    backward = translator.translate(SENTENCES[::-1])
+    assert len(forward) == len(SENTENCES)
+    assert all(isinstance(t, str) and t for t in forward)
+    assert backward[::-1] == forward
+    assert len(set(forward)) > 1
+
+
+def test_single_string_gives_single_string(translator):
+    text = translator.translate(SENTENCES[4])
+    assert isinstance(text, str)
+    assert text == translator.translate(SENTENCES[4:5])[0]
+
+
+def test_empty_sentences_translate_to_empty_strings(translator):
+    assert translator.translate("") == ""
+    result = translator.translate(["", "   ", SENTENCES[4]])
+    assert result[:2] == ["", ""]
+    assert result[2] == translator.translate(SENTENCES[4])
+
+
+def test_over_long_sentences(translator):
+    # max_sequence_length=24: at most 23 subword tokens plus the end token.
+    long = " ".join(SENTENCES * 3)
+    assert len(translator.tokenizer.tokenize([long]).to_list()[0]) > 23
+    with pytest.warns(UserWarning, match="truncated to 23 tokens"):
+        result = translator.translate([long, SENTENCES[0]])
+    assert isinstance(result[0], str) and result[0]
+    with pytest.raises(ValueError, match='long_inputs="truncate"'):
+        translator.translate([SENTENCES[0], long], long_inputs="error")
+
+
+@pytest.mark.parametrize(
+    "bad", [[1], [SENTENCES[0], None], [b"a man"], 7, None]
+)
+def test_non_strings_raise_type_error(translator, bad):
+    with pytest.raises(TypeError, match="str"):
+        translator.translate(bad)
+
+
+def test_n_best_and_scores(translator):
+    results = translator.translate_with_scores(
+        SENTENCES[:2], num_return_sequences=3
+    )
+    for hypotheses in results:
+        assert len(hypotheses) == 3
+        scores = [h.score for h in hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        assert all(np.isfinite(scores))
+    texts = translator.translate(SENTENCES[:2], num_return_sequences=3)
+    assert [[h.text for h in r] for r in results] == texts
+
+
+def test_progress_bar_on_long_inputs(translator, capsys):
+    translator.translate(SENTENCES[:3])  # one batch: no bar
+    assert capsys.readouterr().out == ""
+    translator.translate(SENTENCES)  # two batches of 4
+    assert "6/6" in capsys.readouterr().out
+
+
+def test_settings_are_checked(translator):
+    with pytest.raises(TypeError, match="beam_width"):
+        translator.translate(SENTENCES[:1], beam_width=4)
+    with pytest.raises(ValueError, match="method='nucleus'"):
+        GenerationConfig(method="nucleus")
+
+
+def test_save_and_load(translator, saved_translator):
+    names = sorted(os.listdir(saved_translator))
+    assert names == [
+        "config.json",
+        "generation_config.json",
+        "model.weights.h5",
+        "tokenizer",
+    ]
+    loaded = Translator.from_pretrained(saved_translator)
+    assert loaded.generation_config == translator.generation_config
+    assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
+    overridden = Translator.from_pretrained(saved_translator, beam_size=2)
+    assert overridden.generation_config.beam_size == 2
+
+
+def test_load_errors(saved_translator, tmp_path):
+    with pytest.raises(FileNotFoundError, match="Translator.save"):
+        Translator.from_pretrained(tmp_path / "nothing")
+    broken = tmp_path / "broken"
+    shutil.copytree(saved_translator, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["format_version"] = 99
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="format_version=99"):
+        Translator.from_pretrained(broken)
+    (broken / "model.weights.h5").unlink()
+    with pytest.raises(FileNotFoundError, match="model.weights.h5"):
+        Translator.from_pretrained(broken)
+
+
+def test_evaluate_bleu(translator):
+    references = SENTENCES[::-1]
+    result = evaluate_bleu(translator, SENTENCES, references)
+    hypotheses = translator.translate(SENTENCES)
+    assert result.hypotheses == hypotheses
+    expected = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references])
+    assert result.score == pytest.approx(expected.score)
+    assert "nrefs:1" in result.signature and "tok:13a" in result.signature
+    assert str(result).startswith("BLEU = ")
+    # Known values: identical text scores 100, disjoint text 0.
+    assert corpus_bleu(SENTENCES, SENTENCES).score == pytest.approx(100.0)
+    assert corpus_bleu(["xx yy zz ww"], ["a b c d"]).score == 0.0
+    two_references = corpus_bleu(SENTENCES, [references, SENTENCES])
+    assert two_references.score == pytest.approx(100.0)
+    assert "nrefs:2" in two_references.signature
+    with pytest.raises(ValueError, match="align"):
+        evaluate_bleu(translator, SENTENCES, references[:-1])

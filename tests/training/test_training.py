@@ -1,0 +1,234 @@
+"""The training recipe: schedule, loss, metrics, checkpoints, resuming."""
+
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import training
+from tests.helpers import tiny_model, to_numpy
+
+
+def test_schedule_values():
+    schedule = training.TransformerSchedule(hidden_dim=512, warmup_steps=4000)
+    # lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5); iterations count
+    # from 0, so iteration i is step i + 1.
+    d = 512**-0.5
+    assert float(schedule(0)) == pytest.approx(d * 4000**-1.5, rel=1e-5)
+    assert float(schedule(3999)) == pytest.approx(d * 4000**-0.5, rel=1e-5)
+    assert float(schedule(3999)) == pytest.approx(6.98771e-4, rel=1e-4)
+    assert float(schedule(39999)) == pytest.approx(d * 40000**-0.5, rel=1e-5)
+    assert float(schedule(39999)) == pytest.approx(2.20971e-4, rel=1e-4)
+    # The peak is at the end of warm-up.
+    assert float(schedule(3998)) < float(schedule(3999))
+    assert float(schedule(4000)) < float(schedule(3999))
+
+
+def test_schedule_and_optimizer_serialize():
+    optimizer = training.transformer_optimizer(512, warmup_steps=100)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (
+        0.9,
+        0.98,
+        1e-9,
+    )
+    config = optimizer.get_config()
+    assert config["learning_rate"]["config"] == {
+        "hidden_dim": 512,
+        "warmup_steps": 100,
+        "scale": 1.0,
+    }
+    clone = keras.optimizers.Adam.from_config(config)
+    # At iteration 0 (step 1): 512^-0.5 * 1 * 100^-1.5.
+    assert float(clone.learning_rate) == pytest.approx(
+        512**-0.5 * 100**-1.5, rel=1e-5
+    )
+
+
+def test_label_smoothed_loss_on_a_hand_computed_example():
+    # Vocabulary of 4 with id 0 for padding. Probabilities (1/2, 1/4, 1/8,
+    # 1/8) for every position; labels 1 and 2, then one padded position.
+    probs = np.array([0.5, 0.25, 0.125, 0.125])
+    logits = np.log(np.tile(probs, (1, 3, 1))).astype("float32")
+    labels = np.array([[1, 2, 0]])
+    # Per token: 0.9 * -log p(y) + 0.1 * mean_k -log p(k), with
+    # mean_k -log p(k) = (ln 2 + ln 4 + ln 8 + ln 8) / 4 = 2.25 ln 2.
+    ln2 = math.log(2)
+    token_1 = 0.9 * 2 * ln2 + 0.1 * 2.25 * ln2  # label 1, p = 1/4
+    token_2 = 0.9 * 3 * ln2 + 0.1 * 2.25 * ln2  # label 2, p = 1/8
+    expected = (token_1 + token_2) / 2  # the padded position is ignored
+    loss = training.LabelSmoothedCrossEntropy(label_smoothing=0.1)
+    assert float(loss(labels, logits)) == pytest.approx(expected, rel=1e-5)
+    # The same through sample weights of the pipeline (0 on padding).
+    weights = np.array([[1.0, 1.0, 0.0]])
+    assert float(loss(labels, logits, sample_weight=weights)) == (
+        pytest.approx(expected, rel=1e-5)
+    )
+    # Garbage logits at the padded position change nothing.
+    logits[0, 2] = [9.0, -3.0, 4.0, 0.5]
+    assert float(loss(labels, logits)) == pytest.approx(expected, rel=1e-5)
+    # Without smoothing it is the plain cross entropy.
+    plain = training.LabelSmoothedCrossEntropy(label_smoothing=0.0)
+    assert float(plain(labels, logits)) == pytest.approx(2.5 * ln2, rel=1e-5)
+
+
+def test_loss_config_round_trip():
+    loss = training.LabelSmoothedCrossEntropy(0.2, pad_id=None)
+    clone = training.LabelSmoothedCrossEntropy.from_config(loss.get_config())
+    assert (clone.label_smoothing, clone.pad_id) == (0.2, None)
+
+
+def test_masked_metrics():
+    logits = np.log(
+        np.array([[[0.1, 0.6, 0.3], [0.1, 0.2, 0.7], [0.8, 0.1, 0.1]]])
+    ).astype("float32")
+    labels = np.array([[1, 1, 0]])  # second is wrong, third is padding
+    accuracy = training.MaskedAccuracy()
+    accuracy.update_state(labels, logits)
+    assert float(accuracy.result()) == pytest.approx(0.5)
+    perplexity = training.Perplexity()
+    perplexity.update_state(labels, logits)
+    expected = math.exp(-(math.log(0.6) + math.log(0.2)) / 2)
+    assert float(perplexity.result()) == pytest.approx(expected, rel=1e-5)
+
+
+def copy_dataset(n=64, length=6, vocab=20, batch_size=8, seed=0):
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, vocab, size=(n, length)).astype("int32")
+    ones = np.ones_like(source)
+    decoder = np.concatenate([np.full((n, 1), 2), source[:, :-1]], 1)
+    inputs = {
+        "encoder_token_ids": source,
+        "encoder_padding_mask": ones,
+        "decoder_token_ids": decoder.astype("int32"),
+        "decoder_padding_mask": ones,
+    }
+    # Epochs reshuffled from the seed alone, whatever the global seed: a
+    # resumed process sets its own.
+    order = np.concatenate(
+        [np.random.default_rng([seed, e]).permutation(n) for e in range(4)]
+    )
+    inputs = {k: v[order] for k, v in inputs.items()}
+    dataset = tf.data.Dataset.from_tensor_slices((inputs, source[order]))
+    return dataset.batch(batch_size)
+
+
+def compiled_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = tiny_model(
+        vocabulary_size=20,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dropout=0.1,
+    )
+    model.compile(
+        optimizer=training.transformer_optimizer(32, warmup_steps=10),
+        loss=training.LabelSmoothedCrossEntropy(),
+        metrics=[training.MaskedAccuracy(), training.Perplexity()],
+    )
+    return model
+
+
+def test_keep_last_checkpoints_and_average(tmp_path):
+    model = compiled_model()
+    directory = os.path.join(tmp_path, "checkpoints")
+    keep = training.KeepLastCheckpoints(directory, keep=3, save_every=2)
+    model.fit(
+        copy_dataset(),
+        steps_per_epoch=10,
+        epochs=1,
+        verbose=0,
+        callbacks=[keep],
+    )
+    paths = training.list_checkpoints(directory)
+    assert [os.path.basename(p) for p in paths] == [
+        "step-00000006.weights.h5",
+        "step-00000008.weights.h5",
+        "step-00000010.weights.h5",
+    ]
+    snapshots = []
+    for path in paths:
+        model.load_weights(path)
+        snapshots.append([to_numpy(w) for w in model.weights])
+    averaged = training.average_checkpoints(model, paths)
+    for i, weight in enumerate(averaged.weights):
+        mean = np.mean([s[i] for s in snapshots], axis=0)
+        np.testing.assert_allclose(to_numpy(weight), mean, rtol=1e-6, atol=1e-7)
+    # The checkpoints differ, so the mean is not just one of them.
+    assert not np.allclose(snapshots[0][0], snapshots[-1][0])
+
+
+def test_average_checkpoints_errors(tmp_path):
+    model = tiny_model()
+    with pytest.raises(ValueError, match="at least one"):
+        training.average_checkpoints(model, [])
+    with pytest.raises(FileNotFoundError, match="missing.weights.h5"):
+        training.average_checkpoints(
+            model, [os.path.join(tmp_path, "missing.weights.h5")]
+        )
+
+
+class Killed(Exception):
+    pass
+
+
+class KillAtStep(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(to_numpy(self.model.optimizer.iterations)) == self.step:
+            raise Killed
+
+
+def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
+    kwargs = dict(total_steps=12, steps_per_epoch=4, verbose=0)
+    reference = compiled_model()
+    training.fit_resumable(
+        reference,
+        copy_dataset(),
+        directory=os.path.join(tmp_path, "a"),
+        **kwargs,
+    )
+
+    directory = os.path.join(tmp_path, "b")
+    first = compiled_model()
+    with pytest.raises(Killed):
+        training.fit_resumable(
+            first,
+            copy_dataset(),
+            directory=directory,
+            callbacks=[KillAtStep(6)],
+            **kwargs,
+        )
+    with open(os.path.join(directory, "training_state.json")) as f:
+        state = json.load(f)
+    assert (state["step"], state["epoch"]) == (4, 1)
+
+    # A new process would build a new model with other initial weights.
+    resumed = compiled_model(seed=123)
+    history = training.fit_resumable(
+        resumed, copy_dataset(), directory=directory, **kwargs
+    )
+    assert len(history.epoch) == 2  # epochs 2 and 3 of 3
+    assert int(to_numpy(resumed.optimizer.iterations)) == 12
+    for a, b in zip(reference.weights, resumed.weights, strict=True):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=1e-5)
+    # The optimizer state was restored too.
+    for a, b in zip(
+        reference.optimizer.variables,
+        resumed.optimizer.variables,
+        strict=True,
+    ):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=1e-5)
+    # And a finished run does nothing when started again.
+    assert (
+        training.fit_resumable(
+            resumed, copy_dataset(), directory=directory, **kwargs
+        )
+        is None
+    )
