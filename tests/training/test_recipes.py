@@ -3,10 +3,14 @@
 import json
 import os
 
+import keras
+import numpy as np
 import pytest
 
 import keras_transformer as kt
+from keras_transformer import cli, training
 from keras_transformer.generation import Translator
+from tests.conftest import MULTI30K
 
 TINY = {
     "num_encoder_layers": 1,
@@ -18,46 +22,80 @@ TINY = {
 }
 
 
-def test_multi30k_recipe_trains_saves_and_evaluates(multi30k_dir, tmp_path):
-    output = os.path.join(tmp_path, "run")
-    summary = kt.training.run_recipe(
-        "multi30k_en_de",
-        data_dir=multi30k_dir,
-        output=output,
-        max_steps=4,
-        steps_per_epoch=2,
-        checkpoint_every=1,
-        average_last=2,
-        vocabulary_size=600,
-        model=TINY,
-        max_tokens=512,
-        bleu_subset=4,
-        test_limit=6,
-        verbose=0,
+@pytest.fixture(scope="module")
+def multi30k_run(tmp_path_factory):
+    """One tiny run of the multi30k recipe through `keras-transformer
+    train`, shared by the tests below."""
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    output = str(tmp_path_factory.mktemp("run"))
+    status = cli.main(
+        [
+            "train",
+            "--recipe",
+            "multi30k_en_de",
+            "--data-dir",
+            str(MULTI30K),
+            "--output",
+            output,
+            "--max-steps",
+            "4",
+            "--test-limit",
+            "6",
+            "--quiet",
+            *SMALL,
+        ]
     )
-    assert summary.steps == 4
-    assert summary.bleu is not None and 0.0 <= summary.bleu <= 100.0
-    assert summary.bleu_signature.startswith("nrefs:1")
-    with open(os.path.join(output, "results.json")) as f:
+    assert status == 0
+    return output
+
+
+SMALL = [
+    "--set",
+    "steps_per_epoch=2",
+    "--set",
+    "checkpoint_every=1",
+    "--set",
+    "average_last=2",
+    "--set",
+    "vocabulary_size=600",
+    "--set",
+    "max_tokens=512",
+    "--set",
+    "bleu_subset=4",
+    "--set",
+    "model=" + json.dumps(TINY),
+]
+
+
+def test_train_command_saves_results_logs_and_a_translator(multi30k_run):
+    with open(os.path.join(multi30k_run, "results.json")) as f:
         results = json.load(f)
+    assert results["steps"] == 4
+    assert 0.0 <= results["bleu"] <= 100.0
+    assert results["bleu_signature"].startswith("nrefs:1")
+    assert results["parameters"] > 0
     assert results["averaged_checkpoints"] == [
         "step-00000003.weights.h5",
         "step-00000004.weights.h5",
     ]
-    with open(os.path.join(output, "logs", "training.csv")) as f:
+    assert results["recipe_settings"]["model"] == TINY
+    with open(os.path.join(multi30k_run, "logs", "training.csv")) as f:
         header = f.readline().strip().split(",")
     assert {"loss", "token_accuracy", "perplexity", "val_bleu"} <= set(header)
     # The run directory is a complete translator.
-    translator = Translator.from_pretrained(output)
+    translator = Translator.from_pretrained(multi30k_run)
     assert translator.generation_config.beam_size == 4
     assert translator.generation_config.length_penalty == 0.6
     (text,) = translator.translate(["A man rides a bike."], max_length=5)
     assert isinstance(text, str)
-    # Started again, the finished run trains no further.
-    again = kt.training.run_recipe(
+
+
+def test_a_finished_run_started_again_trains_no_further(multi30k_run):
+    summary = kt.training.run_recipe(
         "multi30k_en_de",
-        data_dir=multi30k_dir,
-        output=output,
+        data_dir=MULTI30K,
+        output=multi30k_run,
         max_steps=4,
         steps_per_epoch=2,
         checkpoint_every=1,
@@ -69,7 +107,56 @@ def test_multi30k_recipe_trains_saves_and_evaluates(multi30k_dir, tmp_path):
         evaluate=False,
         verbose=0,
     )
-    assert again.steps == 4
+    assert summary.steps == 4
+    assert "steps:       4" in str(summary)
+
+
+def test_evaluate_and_average_commands(multi30k_run, tmp_path, capsys):
+    assert (
+        cli.main(
+            [
+                "evaluate",
+                "--model",
+                multi30k_run,
+                "--data-dir",
+                str(MULTI30K),
+                "--limit",
+                "3",
+                "--beam-size",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "BLEU" in out and "nrefs:1" in out and "(3 sentences)" in out
+
+    averaged = os.path.join(tmp_path, "averaged")
+    assert (
+        cli.main(
+            [
+                "average",
+                "--model",
+                multi30k_run,
+                "--output",
+                averaged,
+                "--last",
+                "2",
+            ]
+        )
+        == 0
+    )
+    checkpoints = training.list_checkpoints(
+        os.path.join(multi30k_run, "checkpoints")
+    )
+    model = Translator.from_pretrained(multi30k_run).model
+    training.average_checkpoints(model, checkpoints[-2:])
+    loaded = Translator.from_pretrained(averaged).model
+    for a, b in zip(model.weights, loaded.weights, strict=True):
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b)
+        )
 
 
 def small_wmt_directory(multi30k_dir, directory):

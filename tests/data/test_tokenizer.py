@@ -1,0 +1,167 @@
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import keras_transformer as kt
+from keras_transformer.data import (
+    SubwordTokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
+
+
+def test_reserved_ids_and_size(small_tokenizer):
+    t = small_tokenizer
+    assert (t.pad_id, t.unk_id, t.start_id, t.end_id) == (0, 1, 2, 3)
+    assert t.vocabulary_size == 400
+    assert t.id_to_token([0, 1, 2, 3]) == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert t.token_to_id("</s>") == 3
+    assert t.token_to_id("not a piece at all") == t.unk_id
+    piece = t.id_to_token(100)
+    assert isinstance(piece, str) and t.token_to_id(piece) == 100
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        t.id_to_token(400)
+
+
+def test_public_api_is_reachable_from_the_package():
+    assert kt.data.train_tokenizer is train_tokenizer
+    assert kt.data.load_tokenizer is load_tokenizer
+    assert callable(kt.data.translation_dataset)
+
+
+def test_tokenize_accepts_str_list_and_tensors(small_tokenizer):
+    t = small_tokenizer
+    sentences = ["A man rides a bike.", "Ein Mann fährt Fahrrad."]
+    batch = t.tokenize(sentences)
+    assert isinstance(batch, tf.RaggedTensor)
+    assert batch.dtype == tf.int32 and batch.shape.rank == 2
+    single = t.tokenize(sentences[0])
+    np.testing.assert_array_equal(single.numpy(), batch[0].numpy())
+    tensor = t.tokenize(tf.constant(sentences))
+    assert tensor.to_list() == batch.to_list()
+    ids = batch.flat_values.numpy()
+    assert ids.min() > t.end_id  # no pad, start or end in the ids
+    # Inside a tf.data graph.
+    mapped = tf.data.Dataset.from_tensor_slices(sentences).batch(2)
+    mapped = mapped.map(t.tokenize)
+    assert next(iter(mapped)).to_list() == batch.to_list()
+
+
+def test_detokenize_accepts_ragged_dense_and_lists(small_tokenizer):
+    t = small_tokenizer
+    sentences = ["Two dogs.", "A girl walks in the park."]
+    ids = t.tokenize(sentences)
+    assert t.detokenize(ids) == sentences
+    assert t.detokenize(ids.to_list()) == sentences
+    assert t.detokenize(ids[1]) == sentences[1]
+    assert t.detokenize(ids[1].numpy().tolist()) == sentences[1]
+    # Dense, as a decoder emits: start, ids, end, then anything.
+    dense = np.zeros([2, 40], np.int32)
+    for row, sequence in enumerate(ids.to_list()):
+        dense[row, 0] = t.start_id
+        dense[row, 1 : 1 + len(sequence)] = sequence
+        dense[row, 1 + len(sequence)] = t.end_id
+        dense[row, 2 + len(sequence) :] = sequence[0]  # after end: ignored
+    assert t.detokenize(dense) == sentences
+    assert t.detokenize(tf.constant(dense)) == sentences
+    with pytest.raises(ValueError, match="argmax"):
+        t.detokenize(np.zeros([2, 3], np.float32))
+    with pytest.raises(ValueError, match="1-D or 2-D"):
+        t.detokenize(np.zeros([1, 2, 3], np.int32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(st.characters(exclude_categories=["Cs"]), max_size=40))
+def test_round_trip_of_any_text(small_tokenizer, text):
+    # Identity normalization and byte fallback: any text comes back, even
+    # characters the vocabulary never saw.
+    t = small_tokenizer
+    assert t.detokenize(t.tokenize([text])) == [text]
+
+
+def test_save_and_load(small_tokenizer, tmp_path):
+    directory = tmp_path / "model" / "tokenizer"
+    small_tokenizer.save(directory)
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "tokenizer.json",
+        "tokenizer.model",
+    ]
+    config = json.loads((directory / "tokenizer.json").read_text())
+    assert config["vocabulary_size"] == 400 and config["end_id"] == 3
+    loaded = load_tokenizer(directory)
+    text = ["Zwei Hunde spielen im Park.", "A boy near the house."]
+    assert (
+        loaded.tokenize(text).to_list()
+        == small_tokenizer.tokenize(text).to_list()
+    )
+    assert loaded.vocabulary_size == small_tokenizer.vocabulary_size
+    assert loaded.config["model_type"] == "bpe"
+
+
+def test_load_errors(small_tokenizer, tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer.model"):
+        load_tokenizer(tmp_path / "nowhere")
+    small_tokenizer.save(tmp_path / "t")
+    config_path = tmp_path / "t" / "tokenizer.json"
+    config = json.loads(config_path.read_text())
+    config["vocabulary_size"] = 999
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="vocabulary_size=999"):
+        load_tokenizer(tmp_path / "t")
+    config["format_version"] = 42
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="format_version=42"):
+        load_tokenizer(tmp_path / "t")
+
+
+def test_training_errors(small_corpus):
+    with pytest.raises(ValueError, match="vocabulary_size=100000 is too"):
+        train_tokenizer(list(small_corpus[0]), vocabulary_size=100_000)
+    with pytest.raises(ValueError, match="model_type='wordpiece'"):
+        train_tokenizer(list(small_corpus[0]), model_type="wordpiece")
+    with pytest.raises(ValueError, match="vocabulary_size=200 is too small"):
+        train_tokenizer(list(small_corpus[0]), vocabulary_size=200)
+    with pytest.raises(ValueError, match="got no text"):
+        train_tokenizer([], vocabulary_size=300)
+    with pytest.raises(TypeError, match="bytes of a SentencePiece"):
+        SubwordTokenizer("not bytes")
+
+
+def test_unigram_and_sentences(small_corpus):
+    sources, targets = small_corpus[1]
+    t = train_tokenizer(
+        sentences=sources + targets, vocabulary_size=330, model_type="unigram"
+    )
+    assert t.vocabulary_size == 330
+    assert t.detokenize(t.tokenize(sources[:5])) == sources[:5]
+
+
+def test_multi30k_round_trip(multi30k_paths, multi30k_tokenizer):
+    from keras_transformer.data import read_parallel_corpus
+
+    pairs, _ = read_parallel_corpus(*multi30k_paths)
+    sentences = [s for pair in pairs for s in pair]
+    t = multi30k_tokenizer
+    assert t.vocabulary_size == 8000
+    restored = t.detokenize(t.tokenize(sentences))
+    exact = np.mean([a == b for a, b in zip(sentences, restored, strict=True)])
+    print(f"Multi30k train round trip: {exact:.4%} of {len(sentences)}")
+    assert exact >= 0.995
+
+
+def test_survives_a_global_seed_reset(small_tokenizer):
+    # keras.utils.set_random_seed clears TensorFlow's kernel cache, which
+    # holds the tensorflow-text op's model.
+    import keras
+
+    expected = small_tokenizer.tokenize(["A red ball."]).to_list()
+    keras.utils.set_random_seed(1)
+    assert small_tokenizer.tokenize(["A red ball."]).to_list() == expected
+    keras.utils.set_random_seed(2)
+    mapped = tf.data.Dataset.from_tensor_slices(["A red ball."]).batch(1)
+    mapped = mapped.map(small_tokenizer.tokenize)
+    assert next(iter(mapped)).to_list() == expected
