@@ -1,4 +1,5 @@
-"""Recipe `multi30k_en_de`: see `keras_transformer.training.RECIPES["multi30k_en_de"]`.
+"""Recipe `multi30k_en_de`, defined in
+`keras_transformer.training.RECIPES["multi30k_en_de"]`.
 
     python recipes/multi30k_en_de.py [--data-dir DIR] [--output DIR]
                          [--max-minutes M] [--max-steps N] [--set KEY=VALUE]

@@ -1,4 +1,5 @@
-"""Recipe `wmt14_en_de_base`: see `keras_transformer.training.RECIPES["wmt14_en_de_base"]`.
+"""Recipe `wmt14_en_de_base`, defined in
+`keras_transformer.training.RECIPES["wmt14_en_de_base"]`.
 
     python recipes/wmt14_en_de_base.py [--data-dir DIR] [--output DIR]
                          [--max-minutes M] [--max-steps N] [--set KEY=VALUE]

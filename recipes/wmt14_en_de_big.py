@@ -1,4 +1,5 @@
-"""Recipe `wmt14_en_de_big`: see `keras_transformer.training.RECIPES["wmt14_en_de_big"]`.
+"""Recipe `wmt14_en_de_big`, defined in
+`keras_transformer.training.RECIPES["wmt14_en_de_big"]`.
 
     python recipes/wmt14_en_de_big.py [--data-dir DIR] [--output DIR]
                          [--max-minutes M] [--max-steps N] [--set KEY=VALUE]
