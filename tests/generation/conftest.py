@@ -87,6 +87,32 @@ def trained_generator(trained_model):
     return Generator(trained_model)
 
 
+# Every search on the trained model decodes to this length, so that the
+# tests share compiled programs (targets have at most 8 tokens).
+TRAINED_MAX_LENGTH = 12
+
+
+@pytest.fixture(scope="session")
+def random_weights():
+    """Untrained weights for the trained model's architecture."""
+    return build_tiny_model(seed=5).get_weights()
+
+
+@pytest.fixture
+def random_generator(trained_generator, random_weights):
+    """The session's `Generator` with untrained weights loaded for one
+    test: flat distributions, long outputs. Compiled searches read the
+    model's current weights, so the programs are shared with the trained
+    model's tests instead of compiled again for another model."""
+    model = trained_generator.model
+    trained = model.get_weights()
+    model.set_weights(random_weights)
+    try:
+        yield trained_generator
+    finally:
+        model.set_weights(trained)
+
+
 @pytest.fixture(scope="session")
 def test_batch():
     """Held-out reversal sources: ``(source_ids, source_mask)``."""
@@ -101,8 +127,13 @@ SENTENCES = [
     "a woman is reading a book",
     "the children run on the beach",
     "a dog",
-    "people walk down a busy street at night",
+    "people walk at night",
 ]
+# With 96 ids every sentence above is at most 7 subword tokens, and the
+# translator's max_sequence_length is 8: every batch has one source
+# length (one bucket) and one decoding length, so the translator tests
+# compile one search per batch bucket and beam size, not one per shape.
+TRANSLATOR_MAX_SEQUENCE_LENGTH = 8
 
 
 @pytest.fixture(scope="session")
@@ -110,7 +141,7 @@ def tokenizer():
     from keras_transformer.data import train_tokenizer
 
     return train_tokenizer(
-        sentences=SENTENCES * 10, vocabulary_size=64, byte_fallback=False
+        sentences=SENTENCES * 10, vocabulary_size=96, byte_fallback=False
     )
 
 
@@ -123,9 +154,19 @@ def translator(tokenizer):
     model = build_tiny_model(
         seed=2,
         vocabulary_size=tokenizer.vocabulary_size,
-        max_sequence_length=24,
+        max_sequence_length=TRANSLATOR_MAX_SEQUENCE_LENGTH,
     )
-    return Translator(model, tokenizer, max_length_offset=4, batch_size=4)
+    # A zero embedding for the end token gives it logit 0 (tied output
+    # embeddings) below the best of 95 random logits: outputs never end
+    # at the first step, whatever the backend's random initialization.
+    embedding = model.decoder_token_embedding
+    weights = embedding.get_weights()
+    for weight in weights:
+        if weight.shape[0] == tokenizer.vocabulary_size:
+            weight[tokenizer.end_id] = 0.0
+    embedding.set_weights(weights)
+    # Batches of 2: batch buckets 1 and 2 only.
+    return Translator(model, tokenizer, max_length_offset=4, batch_size=2)
 
 
 @pytest.fixture(scope="session")

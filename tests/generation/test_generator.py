@@ -3,26 +3,22 @@
 import numpy as np
 import pytest
 
-from keras_transformer.generation import Generator, hypothesis_lengths
-from tests.generation.conftest import END, PAD, build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def random_model():
-    # Untrained, with a larger vocabulary: flat distributions, long outputs.
-    return build_tiny_model(seed=5, vocabulary_size=40, num_decoder_layers=2)
-
-
-@pytest.fixture(scope="module")
-def random_generator(random_model):
-    return Generator(random_model)
+from keras_transformer.generation import hypothesis_lengths
+from tests.generation.conftest import (
+    END,
+    PAD,
+    TRAINED_MAX_LENGTH,
+    VOCABULARY_SIZE,
+)
 
 
 @pytest.fixture(scope="module")
 def random_sources():
     rng = np.random.default_rng(7)
-    ids = rng.integers(4, 40, (5, 9)).astype("int32")
-    lengths = np.array([9, 3, 6, 1, 8])
+    # Source bucket 8 and max_length=12, like the trained model's tests:
+    # the tests of the random weights reuse one set of compiled searches.
+    ids = rng.integers(4, VOCABULARY_SIZE, (10, 8)).astype("int32")
+    lengths = np.array([8, 3, 6, 1, 7, 2, 5, 8, 4, 6])
     for row, length in enumerate(lengths):
         ids[row, length - 1] = END
         ids[row, length:] = PAD
@@ -32,7 +28,7 @@ def random_sources():
 SEARCHES = [
     ("greedy", {}),
     ("beam", {"beam_size": 4, "num_return_sequences": 3}),
-    ("sample", {"seed": 3, "top_k": 10, "num_return_sequences": 2}),
+    ("sample", {"seed": 3, "top_k": 10, "num_return_sequences": 3}),
 ]
 
 
@@ -43,10 +39,15 @@ def test_cached_decoding_equals_full_rerun(
     ids, mask = random_sources
     generator = random_generator
     cached = generator.generate(
-        ids, mask, method=method, max_length=12, **settings
+        ids, mask, method=method, max_length=TRAINED_MAX_LENGTH, **settings
     )
     full = generator.generate(
-        ids, mask, method=method, max_length=12, use_cache=False, **settings
+        ids,
+        mask,
+        method=method,
+        max_length=TRAINED_MAX_LENGTH,
+        use_cache=False,
+        **settings,
     )
     np.testing.assert_array_equal(cached.token_ids, full.token_ids)
     np.testing.assert_array_equal(cached.lengths, full.lengths)
@@ -62,8 +63,9 @@ def test_cached_decoding_equals_full_rerun_on_trained_model(
     ids, mask = test_batch
     generator = trained_generator
     for method in ("greedy", "beam"):
-        cached = generator.generate(ids, mask, method=method)
-        full = generator.generate(ids, mask, method=method, use_cache=False)
+        kwargs = dict(method=method, max_length=TRAINED_MAX_LENGTH)
+        cached = generator.generate(ids, mask, **kwargs)
+        full = generator.generate(ids, mask, use_cache=False, **kwargs)
         np.testing.assert_array_equal(cached.token_ids, full.token_ids)
         np.testing.assert_allclose(cached.scores, full.scores, atol=1e-4)
 
@@ -72,12 +74,9 @@ def test_cached_decoding_equals_full_rerun_on_trained_model(
 def test_beam_size_one_equals_greedy(trained_generator, test_batch, alpha):
     ids, mask = test_batch
     generator = trained_generator
-    greedy = generator.generate(
-        ids, mask, method="greedy", length_penalty=alpha
-    )
-    beam = generator.generate(
-        ids, mask, method="beam", beam_size=1, length_penalty=alpha
-    )
+    kwargs = dict(length_penalty=alpha, max_length=TRAINED_MAX_LENGTH)
+    greedy = generator.generate(ids, mask, method="greedy", **kwargs)
+    beam = generator.generate(ids, mask, method="beam", beam_size=1, **kwargs)
     np.testing.assert_array_equal(beam.token_ids, greedy.token_ids)
     np.testing.assert_array_equal(beam.lengths, greedy.lengths)
     np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
@@ -88,14 +87,10 @@ def test_beam_scores_at_least_greedy_and_equal_model_scoring(
 ):
     ids, mask = test_batch
     generator = trained_generator
-    greedy = generator.generate(ids, mask, method="greedy", length_penalty=0.6)
+    kwargs = dict(length_penalty=0.6, max_length=TRAINED_MAX_LENGTH)
+    greedy = generator.generate(ids, mask, method="greedy", **kwargs)
     beam = generator.generate(
-        ids,
-        mask,
-        method="beam",
-        beam_size=4,
-        length_penalty=0.6,
-        num_return_sequences=4,
+        ids, mask, method="beam", beam_size=4, num_return_sequences=4, **kwargs
     )
     # The paper's objective: length-normalized log-probability.
     assert beam.scores[:, 0].mean() >= greedy.scores[:, 0].mean()
@@ -123,7 +118,11 @@ def test_length_penalty_lengthens_outputs(trained_generator, test_batch):
     generator = trained_generator
     lengths = {
         alpha: generator.generate(
-            ids, mask, method="beam", length_penalty=alpha
+            ids,
+            mask,
+            method="beam",
+            length_penalty=alpha,
+            max_length=TRAINED_MAX_LENGTH,
         ).lengths[:, 0]
         for alpha in (0.0, 0.6, 3.0)
     }
@@ -157,17 +156,19 @@ def test_finished_hypotheses_never_grow(random_generator, random_sources):
     )
 
 
-def test_default_max_length_is_input_length_plus_offset(random_generator):
-    ids = np.full((3, 4), 7, "int32")
-    ids[:, -1] = END
-    ids[1, 1:] = [END, PAD, PAD]
+def test_default_max_length_is_input_length_plus_offset(
+    random_generator, random_sources
+):
+    ids, mask = random_sources
+    # Source bucket 8 + offset 4: the buffer of the max_length=12 tests,
+    # so this reuses their compiled search with per-row limits.
     result = random_generator.generate(
-        ids, method="greedy", max_length_offset=5
+        ids, mask, method="greedy", max_length_offset=4
     )
-    source_lengths = (ids != PAD).sum(axis=1)
-    assert (result.lengths[:, 0] <= source_lengths + 5).all()
+    source_lengths = mask.sum(axis=1)
+    assert (result.lengths[:, 0] <= source_lengths + 4).all()
     # The untrained model rarely ends: most rows hit their own limit.
-    assert (result.lengths[:, 0] == source_lengths + 5).sum() >= 2
+    assert (result.lengths[:, 0] == source_lengths + 4).sum() >= 5
 
 
 def test_compiles_once_per_bucket(random_generator, random_sources):
@@ -178,22 +179,26 @@ def test_compiles_once_per_bucket(random_generator, random_sources):
     count = len(generator._functions)
     # Another batch size and source length in the same buckets, and
     # another length penalty (a runtime argument): no new program.
-    generator.generate(
-        ids[[0, 2, 4, 1, 3, 0, 2]], mask[[0, 2, 4, 1, 3, 0, 2]], **kwargs
-    )
+    rows = [0, 2, 4, 1, 3, 0, 2, 9, 8, 5, 6, 7]
+    again = generator.generate(ids[rows], mask[rows], **kwargs)
     generator.generate(ids[:, :7], mask[:, :7], length_penalty=0.1, **kwargs)
     assert len(generator._functions) == count
-    again = generator.generate(
-        ids[[2, 0]], mask[[2, 0]], max_length=12, method="greedy"
-    )
-    # Padding a batch to its bucket changes no row's result.
-    np.testing.assert_array_equal(again.token_ids[1], first.token_ids[0])
+    # Padding a batch to its bucket (6 filler rows, then 4) changes no
+    # row's result.
+    np.testing.assert_array_equal(again.token_ids, first.token_ids[rows])
+    np.testing.assert_array_equal(again.lengths, first.lengths[rows])
 
 
 def test_sampling(trained_generator, test_batch):
     ids, mask = test_batch
     generator = trained_generator
-    kwargs = dict(method="sample", num_return_sequences=3, temperature=1.5)
+    kwargs = dict(
+        method="sample",
+        num_return_sequences=3,
+        top_k=10,
+        temperature=1.5,
+        max_length=TRAINED_MAX_LENGTH,
+    )
     first = generator.generate(ids, mask, seed=1, **kwargs)
     again = generator.generate(ids, mask, seed=1, **kwargs)
     other = generator.generate(ids, mask, seed=2, **kwargs)
@@ -203,8 +208,17 @@ def test_sampling(trained_generator, test_batch):
     log_probs, _, _ = generator.score(ids, first.token_ids[:, 1], mask)
     np.testing.assert_allclose(log_probs, first.log_probs[:, 1], atol=1e-4)
     # top_k=1 leaves one candidate: sampling becomes greedy search.
-    top1 = generator.generate(ids, mask, method="sample", top_k=1, seed=4)
-    greedy = generator.generate(ids, mask, method="greedy")
+    top1 = generator.generate(
+        ids,
+        mask,
+        method="sample",
+        top_k=1,
+        seed=4,
+        max_length=TRAINED_MAX_LENGTH,
+    )
+    greedy = generator.generate(
+        ids, mask, method="greedy", max_length=TRAINED_MAX_LENGTH
+    )
     np.testing.assert_array_equal(top1.token_ids, greedy.token_ids)
 
 

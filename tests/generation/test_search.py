@@ -156,7 +156,8 @@ def test_beam_search_with_a_wide_beam_is_exhaustive(seed, alpha, limits):
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_greedy_matches_reference_and_beam_of_one(seed):
-    tables = random_tables(seed, 4, 6, 7, scale=1.5)
+    # The shapes of the other (4, 6, 9) tests: the same compiled searches.
+    tables = random_tables(seed, 4, 6, 9, scale=1.5)
     limits = np.array([6, 3, 1, 5], "int32")
     greedy = run_search(tables, limits, "greedy")
     beam = run_search(tables, limits, "beam", alpha=0.6, beam_size=1)
@@ -195,20 +196,32 @@ def test_larger_alpha_never_gives_shorter_exact_optimum(seed):
     # Make the end token likely early so that alpha matters.
     tables[:, :, :, END] += 1.0
     limits = np.full((3,), 4, "int32")
-    short = run_search(tables, limits, "beam", alpha=0.0, beam_size=12)
-    long = run_search(tables, limits, "beam", alpha=1.5, beam_size=12)
-    assert (long["lengths"] >= short["lengths"]).all()
+    # n=3: the program of the exhaustive test; the optimum is rank 0.
+    short = run_search(tables, limits, "beam", alpha=0.0, beam_size=12, n=3)
+    long = run_search(tables, limits, "beam", alpha=1.5, beam_size=12, n=3)
+    assert (long["lengths"][:, 0] >= short["lengths"][:, 0]).all()
 
 
 def test_alpha_lengthens_beam_search_outputs():
     # Peaked toy models where ending early is often the most likely
     # hypothesis: raising alpha never shortens, and here lengthens, them.
+    # Two batches of the (4, 6, 9) shape of the other tests.
     tables = random_tables(0, 8, 6, 9, scale=3.0)
-    limits = np.full((8,), 6, "int32")
+    limits = np.full((4,), 6, "int32")
     lengths = {
-        alpha: run_search(tables, limits, "beam", alpha=alpha, beam_size=4)[
-            "lengths"
-        ][:, 0]
+        alpha: np.concatenate(
+            [
+                run_search(
+                    tables[half : half + 4],
+                    limits,
+                    "beam",
+                    alpha=alpha,
+                    beam_size=3,
+                    n=2,
+                )["lengths"][:, 0]
+                for half in (0, 4)
+            ]
+        )
         for alpha in (0.0, 0.6, 2.0)
     }
     assert (lengths[0.6] >= lengths[0.0]).all()

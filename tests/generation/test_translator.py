@@ -18,7 +18,7 @@ from tests.generation.conftest import SENTENCES
 
 
 def test_translate_restores_order_across_batches(translator):
-    # 6 sentences of different lengths, batches of 4 sorted by length.
+    # 6 sentences of different lengths, batches of 2 sorted by length.
     forward = translator.translate(SENTENCES)
     backward = translator.translate(SENTENCES[::-1])
     assert len(forward) == len(SENTENCES)
@@ -41,10 +41,10 @@ def test_empty_sentences_translate_to_empty_strings(translator):
 
 
 def test_over_long_sentences(translator):
-    # max_sequence_length=24: at most 23 subword tokens plus the end token.
+    # max_sequence_length=8: at most 7 subword tokens plus the end token.
     long = " ".join(SENTENCES * 3)
-    assert len(translator.tokenizer.tokenize([long]).to_list()[0]) > 23
-    with pytest.warns(UserWarning, match="truncated to 23 tokens"):
+    assert len(translator.tokenizer.tokenize([long]).to_list()[0]) > 7
+    with pytest.warns(UserWarning, match="truncated to 7 tokens"):
         result = translator.translate([long, SENTENCES[0]])
     assert isinstance(result[0], str) and result[0]
     with pytest.raises(ValueError, match='long_inputs="truncate"'):
@@ -73,9 +73,9 @@ def test_n_best_and_scores(translator):
 
 
 def test_progress_bar_on_long_inputs(translator, capsys):
-    translator.translate(SENTENCES[:3])  # one batch: no bar
+    translator.translate(SENTENCES[:2])  # one batch: no bar
     assert capsys.readouterr().out == ""
-    translator.translate(SENTENCES)  # two batches of 4
+    translator.translate(SENTENCES)  # three batches of 2
     assert "6/6" in capsys.readouterr().out
 
 
