@@ -108,9 +108,19 @@ class BatchPlanner:
         shapes: ``(source_length, target_length)`` of each bucket; the
             largest must hold every pair.
         max_tokens: the token budget of a batch, per side.
+        batch_multiple: every batch size is rounded down to a multiple of
+            this (the number of data-parallel replicas, so that each gets
+            the same number of rows); the token budget stays the same.
     """
 
-    def __init__(self, source_lengths, target_lengths, shapes, max_tokens):
+    def __init__(
+        self,
+        source_lengths,
+        target_lengths,
+        shapes,
+        max_tokens,
+        batch_multiple=1,
+    ):
         self.source_lengths = np.asarray(source_lengths, np.int64)
         self.target_lengths = np.asarray(target_lengths, np.int64)
         shapes = sorted(
@@ -124,8 +134,25 @@ class BatchPlanner:
                 f"{longest} tokens. Raise max_tokens to at least "
                 f"{max(longest)} or lower max_length."
             )
+        if int(batch_multiple) != batch_multiple or batch_multiple < 1:
+            raise ValueError(
+                f"batch_multiple={batch_multiple} must be a positive int."
+            )
+        batch_multiple = int(batch_multiple)
+        if max_tokens // max(longest) < batch_multiple:
+            raise ValueError(
+                f"max_tokens={max_tokens} holds {max_tokens // max(longest)} "
+                f"pair(s) padded to {longest} tokens, fewer than "
+                f"batch_multiple={batch_multiple} (one per replica). Raise "
+                f"max_tokens to at least {batch_multiple * max(longest)} or "
+                "lower max_length."
+            )
         self.shapes = shapes
-        self.batch_sizes = [max_tokens // max(s) for s in shapes]
+        self.batch_multiple = batch_multiple
+        self.batch_sizes = [
+            max_tokens // max(s) // batch_multiple * batch_multiple
+            for s in shapes
+        ]
         self.max_tokens = max_tokens
         # fits[k, i]: pair i fits in bucket k.
         self._fits = np.stack(

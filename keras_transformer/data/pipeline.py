@@ -107,6 +107,7 @@ def translation_dataset(
     repeat=False,
     num_buckets=16,
     num_parallel_calls=tf.data.AUTOTUNE,
+    batch_multiple=1,
 ):
     """A tf.data pipeline of padded, length-bucketed translation batches.
 
@@ -148,6 +149,10 @@ def translation_dataset(
         num_buckets: the most bucket shapes when they are learned.
         num_parallel_calls: parallelism of the maps that tokenize the
             corpus and that build the batches.
+        batch_multiple: make every batch size a multiple of this, the
+            number of data-parallel replicas (`keras_transformer.
+            distribute`), within the same ``max_tokens``; short batches
+            are padded with empty rows of ``sample_weight`` 0.
 
     Returns:
         A ``tf.data.Dataset`` of ``(inputs, labels, sample_weight)``, with
@@ -215,7 +220,9 @@ def translation_dataset(
         )
     else:
         shapes = _shapes_from_boundaries(bucket_boundaries)
-    planner = BatchPlanner(source_lengths, target_lengths, shapes, max_tokens)
+    planner = BatchPlanner(
+        source_lengths, target_lengths, shapes, max_tokens, batch_multiple
+    )
 
     epochs = itertools.count()
 

@@ -1,0 +1,471 @@
+"""Distributed training on each backend's own engine, behind one switch.
+
+`get_distribution` (``--distribute data|model`` of ``keras-transformer
+train``) puts the Transformer on:
+
+- JAX: `keras.distribution.DataParallel`, or `keras.distribution.
+  ModelParallel` with `layout_map`, which shards the attention,
+  feed-forward and embedding weights over the ``model`` axis of a
+  ``(batch, model)`` device mesh. Several hosts join through
+  `keras.distribution.initialize` (``KERAS_DISTRIBUTION_*`` variables).
+- TensorFlow: `tf.distribute.MirroredStrategy`, or
+  `tf.distribute.MultiWorkerMirroredStrategy` when ``TF_CONFIG`` names
+  several workers.
+- PyTorch: `torch.distributed` in processes started by ``torchrun``:
+  weights are broadcast from rank 0 and every gradient is all-reduced
+  (averaged) as soon as backward has accumulated it, what
+  `DistributedDataParallel` does, but under Keras' own ``model.fit``.
+
+The global batch is the same on any number of devices: the pipeline
+makes each batch size a multiple of `Distribution.num_replicas` within
+the same token budget (``batch_multiple``) and every process reads its
+own rows of each global batch (`Distribution.shard_dataset`), so one
+optimizer step is one global batch and the schedule's step counts hold.
+On TensorFlow and PyTorch each replica computes its loss on its rows;
+`Distribution.wrap_loss` divides it by the real tokens of the whole
+global batch, so the gradients are those of one device (JAX computes the
+global batch in one program and needs no such care).
+"""
+
+import contextlib
+import logging
+import math
+import os
+
+import keras
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+MODES = ("data", "model")
+
+# Weight paths (regular expressions that `LayoutMap` matches against the
+# whole `Variable.path`) and their
+# sharding over the device mesh's ("batch", "model") axes. EinsumDense
+# kernels of attention are (hidden_dim, heads, head_dim) for query, key and
+# value and (heads, head_dim, hidden_dim) for the output: heads are split
+# over "model" (Megatron-style). Feed-forward: the intermediate dimension.
+# Embeddings (vocabulary, hidden_dim): the hidden dimension, which the
+# number of heads always divides (the vocabulary need not).
+LAYOUTS = {
+    r".*attention/(query|key|value)/kernel": (None, "model", None),
+    r".*attention/(query|key|value)/bias": ("model", None),
+    r".*attention/attention_output/kernel": ("model", None, None),
+    r".*feed_forward/intermediate_dense/kernel": (None, "model"),
+    r".*feed_forward/intermediate_dense/bias": ("model",),
+    r".*feed_forward/output_dense/kernel": ("model", None),
+    r".*token_embedding/embeddings": (None, "model"),
+    r".*output_projection/kernel": ("model", None),
+}
+
+
+def layout_map(device_mesh):
+    """The `keras.distribution.LayoutMap` of `LAYOUTS` on ``device_mesh``
+    (whose axes are ``("batch", "model")``); other weights (layer norms,
+    biases of the outputs) are replicated."""
+    layouts = keras.distribution.LayoutMap(device_mesh)
+    for pattern, axes in LAYOUTS.items():
+        layouts[pattern] = axes
+    return layouts
+
+
+class Distribution:
+    """One backend's distribution engine, as `get_distribution` sets it up.
+
+    Attributes:
+        mode: ``"data"`` or ``"model"``.
+        backend: the Keras backend.
+        num_replicas: data-parallel replicas in all (batch sizes must be
+            multiples of it: the pipeline's ``batch_multiple``).
+        num_processes, process_index: the processes taking part (hosts,
+            workers or ``torchrun`` ranks) and this one's index.
+        engine: the backend object (a `keras.distribution.Distribution`,
+            a `tf.distribute.Strategy`, or None on torch).
+    """
+
+    def __init__(
+        self, mode, num_replicas, num_processes=1, process_index=0, engine=None
+    ):
+        self.mode = mode
+        self.backend = keras.backend.backend()
+        self.num_replicas = int(num_replicas)
+        self.num_processes = int(num_processes)
+        self.process_index = int(process_index)
+        self.engine = engine
+
+    @property
+    def is_chief(self):
+        """Whether this process writes the run's files."""
+        return self.process_index == 0
+
+    def __repr__(self):
+        return (
+            f"Distribution(mode={self.mode!r}, backend={self.backend!r}, "
+            f"num_replicas={self.num_replicas}, "
+            f"num_processes={self.num_processes})"
+        )
+
+    def scope(self):
+        """Create and compile the model inside this scope: its weights and
+        optimizer variables are made on the engine's devices (sharded by
+        `layout_map`, or mirrored)."""
+        if self.engine is None:
+            return contextlib.nullcontext()
+        return self.engine.scope()
+
+    def shard_dataset(self, dataset):
+        """This process's rows of each global batch of a tf.data dataset of
+        ``(inputs, labels, sample_weight)`` (all of it in one process)."""
+        if self.num_processes == 1:
+            return dataset
+        import tensorflow as tf
+
+        processes, index = self.num_processes, self.process_index
+
+        def rows(x):
+            size = tf.shape(x)[0] // processes
+            return x[index * size : (index + 1) * size]
+
+        dataset = dataset.map(lambda *batch: tf.nest.map_structure(rows, batch))
+        if self.backend == "tensorflow":
+            # The rows are this worker's already: no further sharding.
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = (
+                tf.data.experimental.AutoShardPolicy.OFF
+            )
+            dataset = dataset.with_options(options)
+        return dataset
+
+    def wrap_loss(self, loss):
+        """``loss`` averaged over the real tokens of the global batch, not
+        of each replica's rows (TensorFlow and PyTorch); as is on JAX."""
+        if self.backend == "jax" or self.num_replicas == 1:
+            return loss
+        return GlobalTokenMean(loss, self)
+
+    def prepare(self, model):
+        """After `compile`: on torch, copies rank 0's weights to every rank
+        and all-reduces each gradient during backward."""
+        if self.backend != "torch" or self.num_processes == 1:
+            return model
+        import torch
+        import torch.distributed as dist
+
+        world = float(self.num_processes)
+        with torch.no_grad():
+            for variable in model.variables:
+                value = variable.value
+                if isinstance(value, torch.Tensor):
+                    dist.broadcast(value.data, src=0)
+
+        def all_reduce(parameter):
+            dist.all_reduce(parameter.grad)
+            parameter.grad.div_(world)
+
+        for variable in model.trainable_variables:
+            if not getattr(variable, "_kt_all_reduce", False):
+                variable.value.register_post_accumulate_grad_hook(all_reduce)
+                variable._kt_all_reduce = True
+        return model
+
+    def all_reduce_sum(self, value):
+        """Sums a (non-differentiated) tensor over all replicas."""
+        if self.backend == "tensorflow":
+            import tensorflow as tf
+
+            context = tf.distribute.get_replica_context()
+            if context is None or context.num_replicas_in_sync == 1:
+                return value
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+        if self.backend == "torch" and self.num_processes > 1:
+            import torch.distributed as dist
+
+            value = value.detach().clone()
+            dist.all_reduce(value)
+            return value
+        return value
+
+    def stop_together(self):
+        """A callback, placed after those that may stop training (a time
+        limit), that stops every process at the same step when any one
+        stops: a process left waiting for the others' gradients would
+        hang."""
+        return _StopTogether(self)
+
+    def any_process(self, flag):
+        """Whether ``flag`` is true in any process."""
+        if self.num_processes == 1:
+            return bool(flag)
+        if self.backend == "torch":
+            import torch
+            import torch.distributed as dist
+
+            value = torch.tensor([float(flag)])
+            if dist.get_backend() == "nccl":
+                value = value.cuda()
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+            return bool(value.item() > 0)
+        if self.backend == "jax":
+            from jax.experimental import multihost_utils
+
+            flags = multihost_utils.process_allgather(np.array([flag]))
+            return bool(np.any(flags))
+        import tensorflow as tf
+
+        per_replica = self.engine.run(lambda: tf.constant(float(flag)))
+        total = self.engine.reduce(
+            tf.distribute.ReduceOp.SUM, per_replica, axis=None
+        )
+        return bool(total.numpy() > 0)
+
+    def barrier(self):
+        """Waits until every process gets here."""
+        if self.num_processes == 1:
+            return
+        if self.backend == "torch":
+            import torch.distributed as dist
+
+            dist.barrier()
+        elif self.backend == "jax":
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("keras_transformer")
+        else:
+            import tensorflow as tf
+
+            self.engine.run(
+                lambda: tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, tf.constant(1.0)
+                )
+            )
+
+
+class _StopTogether(keras.callbacks.Callback):
+    def __init__(self, distribution):
+        super().__init__()
+        self.distribution = distribution
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.distribution.any_process(self.model.stop_training):
+            self.model.stop_training = True
+
+
+class GlobalTokenMean(keras.losses.Loss):
+    """A padding-aware loss averaged over the real tokens of the global
+    batch: each replica returns ``sum(weights * loss) / global_tokens``
+    (times the replica count on torch, whose gradients are averaged), so
+    that the summed (TensorFlow) or averaged (torch) gradients equal one
+    device's on the whole batch, however the real tokens fall on replicas.
+    """
+
+    def __init__(self, loss, distribution):
+        super().__init__(name=loss.name, reduction="sum")
+        self.loss = loss
+        self.distribution = distribution
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        from keras import ops
+
+        weights = ops.ones(ops.shape(y_true), "float32")
+        if sample_weight is not None:
+            weights = weights * ops.cast(sample_weight, "float32")
+        pad_id = getattr(self.loss, "pad_id", None)
+        if pad_id is not None:
+            weights = weights * ops.cast(
+                ops.not_equal(y_true, pad_id), "float32"
+            )
+        values = ops.cast(self.loss.call(y_true, y_pred), "float32")
+        local = ops.sum(values * weights)
+        tokens = self.distribution.all_reduce_sum(ops.sum(weights))
+        loss = local / ops.maximum(tokens, 1.0)
+        if self.distribution.backend == "torch":
+            loss = loss * float(self.distribution.num_processes)
+        return loss
+
+    def call(self, y_true, y_pred):
+        return self.loss.call(y_true, y_pred)
+
+
+def _check_mode(mode):
+    if mode not in MODES:
+        raise ValueError(
+            f"distribute={mode!r} is not a distribution mode; choose one of "
+            f"{list(MODES)} (or None for one device)."
+        )
+
+
+def _model_axis_size(num_devices, model_parallel, divides):
+    if model_parallel is None:
+        model_parallel = math.gcd(num_devices, *[int(d) for d in divides])
+    if num_devices % model_parallel:
+        raise ValueError(
+            f"model_parallel={model_parallel} must divide the {num_devices} "
+            "devices. Pick a divisor of the device count."
+        )
+    for size in divides:
+        if int(size) % model_parallel:
+            raise ValueError(
+                f"model_parallel={model_parallel} must divide the sharded "
+                f"sizes {list(divides)} (heads, hidden, feed-forward); "
+                f"{size} is not a multiple. Pick a common divisor."
+            )
+    return model_parallel
+
+
+def _jax(mode, model_parallel, divides):
+    import jax
+
+    if int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1")) > 1:
+        # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES and _PROCESS_ID too.
+        keras.distribution.initialize()
+    devices = keras.distribution.list_devices()
+    if mode == "data":
+        engine = keras.distribution.DataParallel(devices=devices)
+        replicas = len(devices)
+    else:
+        model = _model_axis_size(len(devices), model_parallel, divides)
+        mesh = keras.distribution.DeviceMesh(
+            shape=(len(devices) // model, model),
+            axis_names=("batch", "model"),
+            devices=devices,
+        )
+        engine = keras.distribution.ModelParallel(
+            layout_map=layout_map(mesh), batch_dim_name="batch"
+        )
+        replicas = len(devices) // model
+    # Global, not only in `scope`: `fit` lays out each batch with it.
+    keras.distribution.set_distribution(engine)
+    return Distribution(
+        mode, replicas, jax.process_count(), jax.process_index(), engine
+    )
+
+
+def _tensorflow(mode):
+    import json
+
+    import tensorflow as tf
+
+    if mode == "model":
+        raise ValueError(
+            "distribute='model' (model parallel) is available on the JAX "
+            "backend only (keras.distribution.ModelParallel). Use "
+            "KERAS_BACKEND=jax, or distribute='data' on TensorFlow."
+        )
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+    if workers > 1:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        resolver = strategy.cluster_resolver
+        index = resolver.task_id
+        if resolver.task_type == "worker" and "chief" in cluster:
+            index += 1
+        return Distribution(
+            mode, strategy.num_replicas_in_sync, workers, index, strategy
+        )
+    devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if not devices:
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    return Distribution(mode, strategy.num_replicas_in_sync, 1, 0, strategy)
+
+
+def _torch(mode):
+    import torch
+    import torch.distributed as dist
+
+    if mode == "model":
+        raise ValueError(
+            "distribute='model' (model parallel) is available on the JAX "
+            "backend only (keras.distribution.ModelParallel). Use "
+            "KERAS_BACKEND=jax, or distribute='data' on torch."
+        )
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        logger.warning(
+            "distribute='data' on torch runs one process per device: "
+            "launch with `torchrun --nproc_per_node N ...`. Training on "
+            "one device."
+        )
+        return Distribution(mode, 1)
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return Distribution(
+        mode, dist.get_world_size(), dist.get_world_size(), dist.get_rank()
+    )
+
+
+def get_distribution(mode, model_parallel=None, divides=()):
+    """Sets up the backend's distribution engine on every device it sees.
+
+    On JAX the engine also becomes Keras' global distribution
+    (`keras.distribution.set_distribution`), which ``fit`` reads to lay
+    out each batch; on torch, processes started by ``torchrun`` join the
+    process group (gloo on CPU, NCCL on GPU).
+
+    Args:
+        mode: ``"data"`` (data parallel, every backend) or ``"model"``
+            (data and model parallel, JAX only).
+        model_parallel: devices on the ``model`` axis (JAX, ``"model"``);
+            None: the greatest common divisor of the device count and
+            ``divides``.
+        divides: sizes split over the ``model`` axis, e.g. ``(num_heads,
+            hidden_dim, intermediate_dim)``; each must be a multiple of
+            ``model_parallel``.
+
+    Returns:
+        A `Distribution`: build, compile and fit the model in its
+        `scope`; pass its ``num_replicas`` as the pipeline's
+        ``batch_multiple``; `shard_dataset`, `wrap_loss` and `prepare`.
+    """
+    _check_mode(mode)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return _jax(mode, model_parallel, divides)
+    if backend == "tensorflow":
+        return _tensorflow(mode)
+    if backend == "torch":
+        return _torch(mode)
+    raise ValueError(
+        f"No distribution engine for the {backend!r} backend; use jax, "
+        "tensorflow or torch."
+    )
+
+
+def sharding_specs(model):
+    """``{variable path: partition spec tuple}`` of a JAX model's weights,
+    as the arrays are actually laid out on the devices."""
+    specs = {}
+    for variable in model.weights:
+        sharding = variable.value.sharding
+        spec = getattr(sharding, "spec", None)
+        specs[variable.path] = (
+            tuple(spec) + (None,) * (len(variable.shape) - len(spec))
+            if spec is not None
+            else (None,) * len(variable.shape)
+        )
+    return specs
+
+
+def weights_checksum(model):
+    """A float64 sum of every weight's absolute values, to compare the
+    replicas of a model across processes."""
+    return float(
+        sum(
+            np.abs(keras.ops.convert_to_numpy(w).astype("float64")).sum()
+            for w in model.weights
+        )
+    )
+
+
+__all__ = [
+    "LAYOUTS",
+    "MODES",
+    "Distribution",
+    "GlobalTokenMean",
+    "get_distribution",
+    "layout_map",
+    "sharding_specs",
+    "weights_checksum",
+]
