@@ -29,6 +29,18 @@ class TimeLimit(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds ``learning_rate``, the optimizer's rate at the end of each
+    epoch (a schedule's value at the current step), to the epoch logs,
+    so that `keras.callbacks.CSVLogger` and `TensorBoard`, placed after
+    it, record it."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            rate = self.model.optimizer.learning_rate
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(rate))
+
+
 class BleuCallback(keras.callbacks.Callback):
     """Translates a validation subset at the end of each epoch, adds
     ``val_bleu`` to the logs (so `keras.callbacks.CSVLogger` and
