@@ -1,9 +1,11 @@
 """Decoding speed: cached versus uncached search, and Multi30k throughput.
 
-    python -m benchmarks.decoding [--quick] [--output FILE.json]
+    python -m benchmarks.decoding [--quick] [--smoke] [--threads N]
+        [--batch-sizes 1 32] [--dtype mixed_bfloat16] [--output FILE.json]
 
-1. Base model (Table 3, random weights, vocabulary 8000), 64 output tokens
-   forced by banning the end token: the cached, compiled search against
+1. Base model (Table 3, random weights, vocabulary 8000), 32 output tokens
+   at batch 1 and 8 at batch 32 (``--steps``), forced by banning the end
+   token: the cached, compiled search against
    the same compiled search re-running the whole model (encoder and
    decoder) over the output buffer every step ("uncached", what decoders
    without a key/value cache do), greedy and beam 4. Contestants alternate
@@ -16,21 +18,23 @@
 """
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
 import sys
 import time
 
-import keras
-import numpy as np
-
-import keras_transformer as kt
-from keras_transformer.generation import Generator, Translator
+from benchmarks import _common
 
 MULTI30K = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 MULTI30K = MULTI30K / "multi30k"
+SMOKE_CONFIG = {
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 1,
+    "hidden_dim": 16,
+    "num_heads": 2,
+    "intermediate_dim": 32,
+}
 
 
 def _time(fn):
@@ -52,45 +56,72 @@ def _decode_call(generator, ids, method, beam, steps, use_cache):
     return call
 
 
-def cached_versus_uncached(batch_sizes, rounds, source_length=20, steps=64):
+def cached_versus_uncached(
+    batch_sizes,
+    rounds,
+    source_length=20,
+    steps=None,
+    config="base",
+    dtype=None,
+    vocabulary_size=8000,
+):
+    import keras
+    import numpy as np
+
+    import keras_transformer as kt
+    from keras_transformer.generation import Generator
+
+    steps = steps or {}
     keras.utils.set_random_seed(0)
+    overrides = {} if config != "smoke" else SMOKE_CONFIG
     model = kt.Transformer.from_config_name(
-        "base", vocabulary_size=8000, max_sequence_length=256
+        "tiny" if config == "smoke" else config,
+        vocabulary_size=vocabulary_size,
+        max_sequence_length=256,
+        dtype=dtype,
+        **overrides,
     )
     # The end token is banned so that every run decodes exactly `steps`.
     generator = Generator(model, banned_ids=(0, 2, 3))
     rows = []
     for batch_size in batch_sizes:
+        batch_steps = steps.get(batch_size, 32 if batch_size < 8 else 8)
         rng = np.random.default_rng(0)
-        ids = rng.integers(4, 8000, (batch_size, source_length), "int32")
+        ids = rng.integers(
+            4, vocabulary_size, (batch_size, source_length), "int32"
+        )
         ids[:, -1] = 3
         for method, beam in (("greedy", 1), ("beam", 4)):
             contestants = {
                 use_cache: _decode_call(
-                    generator, ids, method, beam, steps, use_cache
+                    generator, ids, method, beam, batch_steps, use_cache
                 )
                 for use_cache in (True, False)
             }
             compile_s = {k: _time(fn) for k, fn in contestants.items()}
-            times = {k: [] for k in contestants}
-            for _ in range(rounds):
-                for key, fn in contestants.items():
-                    times[key].append(_time(fn))
+            times = _common.interleaved(contestants, rounds, _time)
             cached = statistics.median(times[True])
             uncached = statistics.median(times[False])
             row = {
                 "batch_size": batch_size,
                 "method": method if method == "greedy" else "beam4",
-                "steps": steps,
+                "steps": batch_steps,
+                "dtype": dtype or "float32",
                 "cached_s": cached,
                 "uncached_s": uncached,
+                "cached_s_per_round": times[True],
+                "uncached_s_per_round": times[False],
                 "speedup": uncached / cached,
-                "cached_tokens_per_s": batch_size * steps / cached,
+                "speedup_per_round": _common.ratios(times, False, True)[
+                    "per_round"
+                ],
+                "cached_tokens_per_s": batch_size * batch_steps / cached,
                 "first_call_s": compile_s,
             }
             rows.append(row)
             print(
-                f"  batch {batch_size:3d} {row['method']:6s} cached "
+                f"  batch {batch_size:3d} {row['method']:6s} "
+                f"{batch_steps} tokens  cached "
                 f"{cached:7.3f}s  uncached {uncached:7.3f}s  "
                 f"speedup {row['speedup']:5.1f}x",
                 flush=True,
@@ -99,6 +130,11 @@ def cached_versus_uncached(batch_sizes, rounds, source_length=20, steps=64):
 
 
 def multi30k_throughput(limit, beam_size=4, batch_size=32):
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.generation import Translator
+
     source = MULTI30K / "test.en"
     if not source.exists():
         print(f"  skipped: {source} not found")
@@ -144,28 +180,69 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output", default=None)
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="output tokens (default: 32 at batch < 8, else 8)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "mixed_bfloat16")
+    )
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--skip-base", action="store_true")
     parser.add_argument("--skip-multi30k", action="store_true")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a one-layer model, 4 tokens, batch 1, one round",
+    )
     args = parser.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 5)
-    batch_sizes = (1,) if args.quick else (1, 8)
+    _common.pin_threads(args.threads)
+    import keras
+
+    _common.pin_frameworks(args.threads)
+    rounds = args.rounds or (1 if args.smoke else 2 if args.quick else 5)
+    batch_sizes = args.batch_sizes or (
+        (1,) if args.quick or args.smoke else (1, 32)
+    )
+    steps = {b: args.steps for b in batch_sizes} if args.steps else {}
+    config = "base"
+    if args.smoke:
+        config, steps = "smoke", dict.fromkeys(batch_sizes, 4)
+        args.skip_multi30k = True
+    dtype = None if args.dtype == "float32" else args.dtype
     backend = keras.backend.backend()
-    print(f"backend {backend}, {os.cpu_count()} CPUs, rounds {rounds}")
-    report = {"backend": backend, "keras": keras.__version__}
+    print(
+        f"backend {backend}, {args.threads} threads, rounds {rounds}, "
+        f"{args.dtype}"
+    )
+    report = {
+        "benchmark": "decoding",
+        "backend": backend,
+        "keras": keras.__version__,
+        "machine": _common.machine(),
+        "threads": args.threads,
+        "rounds": rounds,
+    }
     if not args.skip_base:
-        print("cached versus uncached, base model, 64 tokens:")
+        print(f"cached versus uncached, {config} model:")
         report["cached_vs_uncached"] = cached_versus_uncached(
-            batch_sizes, rounds
+            batch_sizes,
+            rounds,
+            steps=steps,
+            config=config,
+            dtype=dtype,
+            vocabulary_size=64 if args.smoke else 8000,
         )
     if not args.skip_multi30k:
         print("Multi30k test2016, beam 4, tiny model:")
         report["multi30k"] = multi30k_throughput(256 if args.quick else None)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
-    return 0
+    _common.write_json(args.output, report)
+    return report
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+    sys.exit(0)

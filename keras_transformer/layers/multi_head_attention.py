@@ -161,11 +161,16 @@ class MultiHeadAttention(keras.layers.Layer):
         # (batch, query_length, num_heads, head_dim)
         q = self.query_dense(query)
         if cache is not None and cache_update_index is not None:
-            # Self-attention step: write this step's keys and values.
-            start = [0, cache_update_index, 0, 0]
-            k = ops.slice_update(cache[:, 0], start, self.key_dense(key))
-            v = ops.slice_update(cache[:, 1], start, self.value_dense(value))
-            cache = ops.stack([k, v], axis=1)
+            # Self-attention step: write this step's keys and values in
+            # one update of the whole cache (one copy on eager backends,
+            # not one per half plus a stack).
+            # (batch, 2, steps, num_heads, head_dim)
+            update = ops.stack(
+                [self.key_dense(key), self.value_dense(value)], axis=1
+            )
+            start = [0, 0, cache_update_index, 0, 0]
+            cache = ops.slice_update(cache, start, update)
+            k, v = cache[:, 0], cache[:, 1]
         elif cache is not None:
             # Cross-attention: keys and values were computed once.
             k, v = cache[:, 0], cache[:, 1]

@@ -1,0 +1,100 @@
+"""Each benchmark's smallest setting runs, so the benchmarks never go
+stale, and the numbers they are built on are right."""
+
+import json
+
+import keras
+import pytest
+
+from benchmarks import decoding, end_to_end, gpu, training
+from benchmarks.training import model_config, train_flops
+
+
+def test_train_flops_of_the_base_model_by_hand():
+    # Base (d 512, d_ff 2048, 6 + 6 layers), batch 1, source 10, target 20,
+    # vocabulary 100; forward matmuls times 3 for the backward pass.
+    d, f = 512, 2048
+    encoder = 6 * (2 * 10 * (4 * d * d + 2 * d * f) + 4 * 10 * 10 * d)
+    decoder = 6 * (
+        2 * 20 * (6 * d * d + 2 * d * f)  # self q k v o, cross q o, ffn
+        + 2 * 10 * 2 * d * d  # cross-attention keys and values
+        + 4 * 20 * 20 * d
+        + 4 * 20 * 10 * d
+    )
+    output = 2 * 20 * d * 100
+    assert train_flops(model_config("base"), 1, 10, 20, 100) == 3 * (
+        encoder + decoder + output
+    )
+
+
+def test_training_smoke(tmp_path):
+    path = tmp_path / "training.json"
+    report = training.main(["--smoke", "--threads", "0", "--output", str(path)])
+    assert json.loads(path.read_text())["benchmark"] == "training"
+    rows = {r["contestant"]: r for r in report["configs"]["smoke"]["rows"]}
+    expected = {"ours", "keras_hub"}
+    if keras.backend.backend() == "torch":
+        expected.add("torch")
+    assert set(rows) == expected
+    # The peers are the same size: equal parameter counts, except
+    # torch.nn.Transformer's two extra final LayerNorms.
+    assert rows["keras_hub"]["parameters"] == rows["ours"]["parameters"]
+    if "torch" in rows:
+        assert rows["torch"]["parameters"] == rows["ours"]["parameters"] + 64
+    for row in rows.values():
+        assert row["tokens_per_s"] > 0
+        assert 0 < row["probe_fraction"] < 10
+    assert rows["keras_hub"]["ours_speedup"]["median"] > 0
+
+
+def test_decoding_smoke(tmp_path):
+    report = decoding.main(
+        ["--smoke", "--threads", "0", "--output", str(tmp_path / "d.json")]
+    )
+    rows = report["cached_vs_uncached"]
+    assert [(r["batch_size"], r["method"]) for r in rows] == [
+        (1, "greedy"),
+        (1, "beam4"),
+    ]
+    for row in rows:
+        assert row["steps"] == 4
+        assert row["cached_s"] > 0 and row["uncached_s"] > 0
+        assert row["speedup"] == pytest.approx(
+            row["uncached_s"] / row["cached_s"]
+        )
+
+
+def test_end_to_end_smoke(tmp_path):
+    report = end_to_end.main(
+        ["--smoke", "--threads", "0", "--output", str(tmp_path / "e.json")]
+    )
+    buckets = report["contestants"]["buckets"]
+    fixed = report["contestants"]["fixed"]
+    # Same pairs per epoch, so the same real tokens; fixed-length padding
+    # pads more and has one shape.
+    assert buckets["epoch_real_tokens"] == fixed["epoch_real_tokens"] > 0
+    assert fixed["distinct_shapes"] == 1
+    assert buckets["timed_padding_fraction"] < fixed["timed_padding_fraction"]
+    assert buckets["real_tokens_per_s"] > 0
+
+
+def test_gpu_script_smoke_on_cpu(tmp_path):
+    report = gpu.main(["--smoke", "--output", str(tmp_path / "g.json")])
+    assert report["steps_timed"] == 2
+    assert report["tokens_per_s"] > 0
+    assert report["dtype"] == "mixed_bfloat16"
+    assert gpu.peak_for("NVIDIA H100 80GB HBM3") == 989.0
+    assert gpu.peak_for("NVIDIA A100-SXM4-40GB") == 312.0
+    assert gpu.peak_for("cpu") is None
+    assert gpu.peak_for("cpu", 12.5) == 12.5
+
+
+def test_matmul_probe_smoke():
+    from benchmarks import probe
+
+    report = probe.main(["--smoke", "--threads", "0"])
+    assert report["float32_gflops"] > 0
+    assert report["bfloat16_gflops"] > 0
+    assert report["bfloat16_speedup"] == pytest.approx(
+        report["bfloat16_gflops"] / report["float32_gflops"]
+    )
