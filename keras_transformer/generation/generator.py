@@ -44,8 +44,9 @@ class SearchResult:
             token (a hypothesis cut at its maximum length has none).
         log_probs: ``(batch, n)`` float32, the sum of the model's token
             log-probabilities.
-        scores: ``(batch, n)`` float32, ``log_probs`` divided by the GNMT
-            length penalty ``((5 + |Y|) / 6) ** alpha``.
+        scores: ``(batch, n)`` float32, ``log_probs`` divided by the
+            length penalty: GNMT's ``((5 + |Y|) / 6) ** alpha``, or
+            ``|Y| ** alpha`` with ``length_penalty_style="hf"``.
     """
 
     token_ids: np.ndarray
@@ -154,7 +155,19 @@ class Generator:
         return ops.take(logits, index, axis=1), cache
 
     def _build(self, key):
-        method, use_cache, batch_size, max_length, copies, top_k, top_p = key
+        (
+            method,
+            use_cache,
+            batch_size,
+            max_length,
+            copies,
+            top_k,
+            top_p,
+            style,
+            early_stopping,
+            force_end,
+            renormalize,
+        ) = key
         model = self.model
         rows = batch_size * copies
         banned = search.banned_logits(self.vocabulary_size, self.banned_ids)
@@ -189,6 +202,8 @@ class Generator:
                 "pad_id": self.pad_id,
                 "banned": banned,
                 "alpha": params["alpha"],
+                "force_end": force_end,
+                "renormalize": renormalize,
             }
             if method == "beam":
                 return search.beam_search(
@@ -196,6 +211,8 @@ class Generator:
                     beam_size=copies,
                     row_max_lengths=row_max_lengths,
                     num_return_sequences=params["num_return_sequences"],
+                    length_penalty_style=style,
+                    early_stopping=early_stopping,
                     **common,
                 )
             outputs = search.greedy_search(
@@ -205,6 +222,7 @@ class Generator:
                 temperature=params["temperature"],
                 top_k=top_k,
                 top_p=params["top_p"] if top_p else None,
+                length_penalty_style=style,
                 **common,
             )
             # (batch * n, 1, ...) -> (batch, n, ...)
@@ -234,6 +252,10 @@ class Generator:
         top_p=1.0,
         seed=None,
         use_cache=True,
+        length_penalty_style="gnmt",
+        early_stopping=False,
+        force_end_token=False,
+        renormalize=False,
     ):
         """Decodes a batch of sources.
 
@@ -259,6 +281,16 @@ class Generator:
             use_cache: decode with the key/value cache (False re-runs the
                 whole model over the whole prefix every step; for tests
                 and benchmarks).
+            length_penalty_style: ``"gnmt"`` (the paper's beam search) or
+                ``"hf"``: Hugging Face ``transformers``' beam search and
+                penalty ``|Y| ** alpha`` (`search.hf_beam_search`), to
+                reproduce the outputs of converted models.
+            early_stopping: with ``"hf"``, its stopping rule: False (the
+                ``transformers`` default), True or ``"never"``.
+            force_end_token: a source's last allowed token is the end
+                token (``transformers``' ``forced_eos_token_id``).
+            renormalize: log-softmax again after removing banned tokens
+                (``transformers``' ``renormalize_logits``).
 
         Returns:
             A `SearchResult`.
@@ -313,7 +345,13 @@ class Generator:
                 f"num_return_sequences={num_return_sequences} must be at "
                 "least 1."
             )
-        if length_penalty < 0:
+        _check_choice(
+            "length_penalty_style",
+            length_penalty_style,
+            search.LENGTH_PENALTY_STYLES,
+        )
+        _check_choice("early_stopping", early_stopping, search.EARLY_STOPPING)
+        if length_penalty < 0 and length_penalty_style == "gnmt":
             raise ValueError(
                 f"length_penalty={length_penalty} must be >= 0 (0.6 in "
                 "the paper; 0 disables it)."
@@ -382,6 +420,10 @@ class Generator:
             {"beam": beam_size, "greedy": 1}.get(method, num_return_sequences),
             int(top_k) if sampling else 0,
             sampling and top_p < 1.0,
+            length_penalty_style,
+            early_stopping,
+            bool(force_end_token),
+            bool(renormalize),
         )
         params = {
             "alpha": np.float32(length_penalty),
@@ -420,6 +462,7 @@ class Generator:
         target_token_ids,
         encoder_padding_mask=None,
         length_penalty=0.6,
+        length_penalty_style="gnmt",
     ):
         """The model's own scores of given hypotheses (teacher forcing).
 
@@ -430,6 +473,7 @@ class Generator:
                 any, then padding.
             encoder_padding_mask: by default the non-padding ids.
             length_penalty: alpha for the normalized scores.
+            length_penalty_style: ``"gnmt"`` or ``"hf"``.
 
         Returns:
             ``(log_probs, lengths, scores)``, NumPy arrays ``(batch,)``.
@@ -463,7 +507,15 @@ class Generator:
         positions = np.arange(targets.shape[1])[None, :]
         total = np.where(positions < lengths[:, None], token_log_probs, 0.0)
         total = total.sum(axis=1)
-        penalty = ((5.0 + lengths) / 6.0) ** float(length_penalty)
+        _check_choice(
+            "length_penalty_style",
+            length_penalty_style,
+            search.LENGTH_PENALTY_STYLES,
+        )
+        if length_penalty_style == "hf":
+            penalty = lengths.astype("float64") ** float(length_penalty)
+        else:
+            penalty = ((5.0 + lengths) / 6.0) ** float(length_penalty)
         return total, lengths, total / penalty
 
 

@@ -28,24 +28,60 @@ Conventions shared by all three searches:
   padding, is removed without renormalizing, so the sum is exactly the
   model's own score of the hypothesis).
 - ``scores`` are ``log_probs / length_penalty(|Y|, alpha)`` with the GNMT
-  penalty ``((5 + |Y|) / 6) ** alpha`` (Wu et al., 2016, section 7).
+  penalty ``((5 + |Y|) / 6) ** alpha`` (Wu et al., 2016, section 7), or,
+  with ``length_penalty_style="hf"``, ``log_probs / |Y| ** alpha``, the
+  penalty of Hugging Face ``transformers`` (see `hf_beam_search`).
 """
 
 import numpy as np
 from keras import ops
 
 NEG_INF = float("-inf")
+LENGTH_PENALTY_STYLES = ("gnmt", "hf")
+EARLY_STOPPING = (False, True, "never")
+# Hugging Face's beam search marks excluded candidates by adding this
+# (not -inf); mirrored so that its ties and orderings are reproduced.
+_HF_LARGE = 1.0e9
 
 
-def length_penalty(length, alpha):
-    """The GNMT length penalty ``((5 + length) / 6) ** alpha``.
+def length_penalty(length, alpha, style="gnmt"):
+    """The length penalty a hypothesis's log-probability is divided by.
 
     Args:
         length: ``|Y|``, a number or a tensor, counting the end token.
         alpha: 0 disables the penalty; the paper uses 0.6 (section 6.1).
+        style: ``"gnmt"``, ``((5 + length) / 6) ** alpha`` (Wu et al.,
+            2016), or ``"hf"``, ``length ** alpha`` (Hugging Face
+            ``transformers``, whose default alpha is 1).
     """
+    if style not in LENGTH_PENALTY_STYLES:
+        raise ValueError(
+            f"length_penalty_style={style!r} is not one of "
+            f"{LENGTH_PENALTY_STYLES}."
+        )
     length = ops.cast(length, "float32")
+    if style == "hf":
+        return ops.power(length, ops.cast(alpha, "float32"))
     return ops.power((5.0 + length) / 6.0, ops.cast(alpha, "float32"))
+
+
+def _process_log_probs(
+    logits, banned, index, row_max_lengths, end_id, force_end, renormalize
+):
+    """Log-probabilities after the token rules of Hugging Face's
+    processors: banned tokens get -inf; with ``force_end`` a row's last
+    allowed step may only emit the end token (log-probability 0); with
+    ``renormalize`` the result is log-softmaxed again."""
+    log_probs = _log_softmax(logits, banned)
+    if force_end:
+        vocabulary_size = log_probs.shape[-1]
+        is_end = ops.arange(vocabulary_size, dtype="int32") == end_id
+        forced = ops.where(is_end, 0.0, NEG_INF)[None, :]
+        last = (index + 1 >= row_max_lengths)[:, None]
+        log_probs = ops.where(last, forced, log_probs)
+    if renormalize:
+        log_probs = ops.log_softmax(log_probs, axis=-1)
+    return log_probs
 
 
 def _log_softmax(logits, banned):
@@ -113,6 +149,9 @@ def greedy_search(
     temperature=1.0,
     top_k=0,
     top_p=None,
+    length_penalty_style="gnmt",
+    force_end=False,
+    renormalize=False,
 ):
     """Greedy decoding, or sampling when ``uniform`` is given.
 
@@ -131,6 +170,12 @@ def greedy_search(
             to sample with; None for greedy (argmax) decoding.
         temperature, top_k, top_p: sampling filters (top_k 0 and top_p
             None disable them; temperature and top_p may be tensors).
+        length_penalty_style: ``"gnmt"`` or ``"hf"`` for the scores.
+        force_end: a row's last allowed token is the end token (Hugging
+            Face's ``forced_eos_token_id``).
+        renormalize: log-softmax again after banning tokens (Hugging
+            Face's ``renormalize_logits``); changes the reported
+            log-probabilities, not the argmax.
 
     Returns:
         A dict with ``"token_ids"`` ``(batch, 1, max_length)`` (padding
@@ -154,13 +199,23 @@ def greedy_search(
 
     def body(index, sequences, cache, log_probs, lengths, finished):
         logits, cache = step_fn(sequences, index, cache, constants)
-        step_log_probs = _log_softmax(logits, banned)
+        if force_end or renormalize:
+            step_log_probs = _process_log_probs(
+                logits,
+                banned,
+                index,
+                row_max_lengths,
+                end_id,
+                force_end,
+                renormalize,
+            )
+        else:
+            step_log_probs = _log_softmax(logits, banned)
         if uniform is None:
             token = ops.cast(ops.argmax(step_log_probs, axis=-1), "int32")
         else:
-            filtered = _filter_logits(
-                logits + banned, temperature, top_k, top_p
-            )
+            allowed = step_log_probs if force_end else logits + banned
+            filtered = _filter_logits(allowed, temperature, top_k, top_p)
             row_uniform = ops.take(uniform, index, axis=0)
             token = _sample_tokens(filtered, row_uniform)
         token_log_prob = ops.take_along_axis(
@@ -183,7 +238,7 @@ def greedy_search(
         (index, sequences, cache, log_probs, lengths, finished),
         maximum_iterations=max_length,
     )
-    scores = log_probs / length_penalty(lengths, alpha)
+    scores = log_probs / length_penalty(lengths, alpha, length_penalty_style)
     return {
         "token_ids": sequences[:, None, 1:],
         "lengths": lengths[:, None],
@@ -217,6 +272,10 @@ def beam_search(
     banned,
     alpha=0.6,
     num_return_sequences=1,
+    length_penalty_style="gnmt",
+    early_stopping=False,
+    force_end=False,
+    renormalize=False,
 ):
     """Beam search with a finished set and the GNMT length penalty.
 
@@ -254,12 +313,39 @@ def beam_search(
         num_return_sequences: n, at most ``beam_size``; a Python int, or
             a scalar int32 tensor, in which case all ``beam_size``
             hypotheses are returned and the caller keeps the first n.
+        length_penalty_style: ``"gnmt"`` (this search) or ``"hf"``, which
+            runs `hf_beam_search` instead, with ``early_stopping``.
+        force_end, renormalize: see `greedy_search`.
 
     Returns:
         A dict with ``"token_ids"`` ``(batch, n, max_length)``,
         ``"lengths"``, ``"log_probs"`` and ``"scores"`` ``(batch, n)``,
         best first (finished hypotheses; unused places score -inf).
     """
+    if length_penalty_style not in LENGTH_PENALTY_STYLES:
+        raise ValueError(
+            f"length_penalty_style={length_penalty_style!r} is not one of "
+            f"{LENGTH_PENALTY_STYLES}."
+        )
+    if length_penalty_style == "hf":
+        return hf_beam_search(
+            step_fn,
+            cache,
+            constants,
+            batch_size,
+            beam_size,
+            max_length,
+            row_max_lengths,
+            start_id,
+            end_id,
+            pad_id,
+            banned,
+            alpha=alpha,
+            num_return_sequences=num_return_sequences,
+            early_stopping=early_stopping,
+            force_end=force_end,
+            renormalize=renormalize,
+        )
     if isinstance(alpha, (int, float)) and alpha < 0:
         raise ValueError(
             f"length_penalty={alpha} must be >= 0: the stopping rule relies "
@@ -300,7 +386,18 @@ def beam_search(
     def body(index, state):
         flat = ops.reshape(state["alive_sequences"], (rows, max_length + 1))
         logits, cache = step_fn(flat, index, state["cache"], constants)
-        step_log_probs = _log_softmax(logits, banned)
+        if force_end or renormalize:
+            step_log_probs = _process_log_probs(
+                logits,
+                banned,
+                index,
+                ops.repeat(row_max_lengths, beam_size, axis=0),
+                end_id,
+                force_end,
+                renormalize,
+            )
+        else:
+            step_log_probs = _log_softmax(logits, banned)
         # (batch, beam * V): every extension of every alive hypothesis.
         candidates = ops.reshape(
             state["alive_log_probs"][:, :, None]
@@ -391,6 +488,219 @@ def beam_search(
         "finished_log_probs": finished_log_probs,
         "finished_lengths": finished_lengths,
         "done": done,
+    }
+    index = ops.convert_to_tensor(0, "int32")
+    _, state = ops.while_loop(
+        cond, body, (index, state), maximum_iterations=max_length
+    )
+    n = num_return_sequences if static_n else beam_size
+    return {
+        "token_ids": state["finished_sequences"][:, :n, 1:],
+        "lengths": state["finished_lengths"][:, :n],
+        "log_probs": state["finished_log_probs"][:, :n],
+        "scores": state["finished_scores"][:, :n],
+    }
+
+
+def hf_beam_search(
+    step_fn,
+    cache,
+    constants,
+    batch_size,
+    beam_size,
+    max_length,
+    row_max_lengths,
+    start_id,
+    end_id,
+    pad_id,
+    banned,
+    alpha=1.0,
+    num_return_sequences=1,
+    early_stopping=False,
+    force_end=False,
+    renormalize=False,
+):
+    """Beam search with the rules of Hugging Face ``transformers``.
+
+    The search of ``GenerationMixin.generate(num_beams=k)``, reproduced
+    step for step so that a converted model (e.g. an OPUS-MT checkpoint,
+    see `keras_transformer.marian`) gives the same outputs:
+
+    - each step keeps the ``2 k`` best extensions; the ``k`` best of them
+      that did not finish stay alive, so the beam never shrinks;
+    - an extension that ends (end token, or the row's maximum length)
+      enters the finished set only if it is among the ``k`` best of the
+      ``2 k``, scored ``log_probs / |Y| ** alpha``;
+    - a row stops (is frozen) when its finished set is full and the best
+      alive hypothesis, divided by the penalty at its current length
+      (``early_stopping=False``) or at the maximum length
+      (``"never"`` with ``alpha > 0``), would not beat the worst finished
+      one; with ``early_stopping=True`` as soon as the set is full;
+    - the whole batch stops when every kept extension of every row ended.
+
+    Arguments and returns are those of `beam_search`; ``alpha`` may be
+    any number (negative favours shorter outputs).
+    """
+    if early_stopping not in EARLY_STOPPING:
+        raise ValueError(
+            f"early_stopping={early_stopping!r} is not one of {EARLY_STOPPING}."
+        )
+    static_n = isinstance(num_return_sequences, int)
+    if static_n and not 1 <= num_return_sequences <= beam_size:
+        raise ValueError(
+            f"num_return_sequences={num_return_sequences} must be between 1 "
+            f"and beam_size={beam_size}."
+        )
+    vocabulary_size = banned.shape[0]
+    rows = batch_size * beam_size
+    keep = 2 * beam_size
+    top_mask = ops.convert_to_tensor([True] * beam_size + [False] * beam_size)[
+        None, :
+    ]
+    alpha = ops.cast(alpha, "float32")
+    row_max_lengths = ops.cast(row_max_lengths, "int32")
+    flat_max_lengths = ops.repeat(row_max_lengths, beam_size, axis=0)
+    sequences = ops.concatenate(
+        [
+            ops.full((batch_size, beam_size, 1), start_id, "int32"),
+            ops.full((batch_size, beam_size, max_length), pad_id, "int32"),
+        ],
+        axis=2,
+    )
+    first = ops.convert_to_tensor([0.0] + [-_HF_LARGE] * (beam_size - 1))
+    beam_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
+    if early_stopping == "never":
+        best_lengths = ops.cast(row_max_lengths, "float32")
+    else:
+        best_lengths = None
+
+    def cond(index, state):
+        return ops.logical_not(state["stop"])
+
+    def body(index, state):
+        flat = ops.reshape(state["alive_sequences"], (rows, max_length + 1))
+        logits, cache = step_fn(flat, index, state["cache"], constants)
+        step_log_probs = _process_log_probs(
+            logits,
+            banned,
+            index,
+            flat_max_lengths,
+            end_id,
+            force_end,
+            renormalize,
+        )
+        # (batch, beam * V): every extension of every alive hypothesis.
+        candidates = ops.reshape(
+            state["alive_log_probs"][:, :, None]
+            + ops.reshape(step_log_probs, (batch_size, beam_size, -1)),
+            (batch_size, -1),
+        )
+        top_log_probs, top_indices = ops.top_k(candidates, keep)
+        top_indices = ops.cast(top_indices, "int32")
+        source_beams = top_indices // vocabulary_size
+        tokens = top_indices % vocabulary_size
+        candidate_sequences = _gather_beams(
+            state["alive_sequences"], source_beams
+        )
+        candidate_sequences = _write_column(
+            candidate_sequences, index + 1, tokens
+        )
+        length = index + 1
+        at_limit = (length >= row_max_lengths)[:, None]
+        ended = ops.logical_or(tokens == end_id, at_limit)
+        ended_float = ops.cast(ended, "float32")
+
+        # Alive: the beam_size best extensions that did not end.
+        alive_candidates = top_log_probs - ended_float * _HF_LARGE
+        alive_log_probs, alive_indices = ops.top_k(alive_candidates, beam_size)
+        alive_indices = ops.cast(alive_indices, "int32")
+        alive_sequences = _gather_beams(candidate_sequences, alive_indices)
+        parents = ops.take_along_axis(source_beams, alive_indices, axis=1)
+        parents = ops.reshape(parents + beam_offsets, (rows,))
+        cache = {
+            key: ops.take(value, parents, axis=0)
+            for key, value in cache.items()
+        }
+
+        # Finished: the ended extensions among the beam_size best.
+        just_finished = ops.logical_and(ended, top_mask)
+        penalty = length_penalty(length, alpha, "hf")
+        candidate_scores = top_log_probs / penalty
+        if early_stopping is True:
+            full = ops.all(state["is_finished"], axis=1, keepdims=True)
+            candidate_scores -= ops.cast(full, "float32") * _HF_LARGE
+        candidate_scores -= (
+            ops.cast(ops.logical_not(state["improvable"]), "float32")[:, None]
+            * _HF_LARGE
+        )
+        candidate_scores -= (
+            ops.cast(ops.logical_not(just_finished), "float32") * _HF_LARGE
+        )
+        merged_scores = ops.concatenate(
+            [state["finished_scores"], candidate_scores], axis=1
+        )
+        new_scores, kept = ops.top_k(merged_scores, beam_size)
+        kept = ops.cast(kept, "int32")
+        merged = {
+            "finished_sequences": ops.concatenate(
+                [state["finished_sequences"], candidate_sequences], axis=1
+            ),
+            "finished_log_probs": ops.concatenate(
+                [state["finished_log_probs"], top_log_probs], axis=1
+            ),
+            "finished_lengths": ops.concatenate(
+                [
+                    state["finished_lengths"],
+                    ops.broadcast_to(length, ops.shape(tokens)),
+                ],
+                axis=1,
+            ),
+            "is_finished": ops.concatenate(
+                [state["is_finished"], just_finished], axis=1
+            ),
+        }
+        new_state = {
+            key: _gather_beams(value, kept) for key, value in merged.items()
+        }
+        new_state["finished_scores"] = new_scores
+
+        # Can an alive hypothesis still beat the worst finished one?
+        lengths = ops.cast(length, "float32")
+        if best_lengths is not None:
+            lengths = ops.where(alpha > 0, best_lengths, lengths)
+        best_alive = alive_log_probs[:, 0] / ops.power(lengths, alpha)
+        worst = ops.min(new_scores, axis=1, keepdims=True)
+        worst = ops.where(new_state["is_finished"], worst, -_HF_LARGE)
+        improvable = ops.logical_and(
+            state["improvable"], ops.any(best_alive[:, None] > worst, axis=1)
+        )
+        done = ops.logical_not(improvable)
+        if early_stopping is True:
+            done = ops.logical_or(
+                done, ops.all(new_state["is_finished"], axis=1)
+            )
+        new_state["stop"] = ops.logical_or(ops.all(done), ops.all(ended))
+        new_state["improvable"] = improvable
+        new_state["alive_sequences"] = alive_sequences
+        new_state["alive_log_probs"] = alive_log_probs
+        new_state["cache"] = cache
+        return index + 1, new_state
+
+    state = {
+        "alive_sequences": sequences,
+        "alive_log_probs": ops.tile(first[None, :], (batch_size, 1)),
+        "cache": dict(cache),
+        "finished_sequences": sequences,
+        "finished_scores": ops.full(
+            (batch_size, beam_size), -_HF_LARGE, "float32"
+        ),
+        "finished_log_probs": ops.full(
+            (batch_size, beam_size), NEG_INF, "float32"
+        ),
+        "finished_lengths": ops.zeros((batch_size, beam_size), "int32"),
+        "is_finished": ops.zeros((batch_size, beam_size), "bool"),
+        "improvable": ops.ones((batch_size,), "bool"),
+        "stop": ops.convert_to_tensor(False),
     }
     index = ops.convert_to_tensor(0, "int32")
     _, state = ops.while_loop(
