@@ -9,11 +9,23 @@ from keras_transformer.version import __version__
 
 # Submodules that import TensorFlow or other heavy dependencies load on
 # first use, so that `import keras_transformer` stays light on JAX and torch.
-_LAZY_SUBMODULES = ("data", "generation", "training", "hub")
+_LAZY_SUBMODULES = (
+    "data",
+    "generation",
+    "training",
+    "hub",
+    "plotting",
+    "distribute",
+    "marian",
+)
 
 
 # Public names that live in lazily loaded submodules.
-_LAZY_NAMES = {"Translator": "generation"}
+_LAZY_NAMES = {
+    "Translator": "generation",
+    "plot_attention": "plotting",
+    "plot_training": "plotting",
+}
 
 
 def __getattr__(name):
@@ -29,4 +41,12 @@ def __getattr__(name):
     )
 
 
-__all__ = ["Transformer", "Translator", "layers", "models", "__version__"]
+__all__ = [
+    "Transformer",
+    "Translator",
+    "layers",
+    "models",
+    "plot_attention",
+    "plot_training",
+    "__version__",
+]

@@ -12,7 +12,8 @@ def build_parser():
         prog="keras-transformer",
         description=(
             "The Transformer of 'Attention Is All You Need' for Keras 3: "
-            "train, evaluate, average checkpoints and translate."
+            "train, evaluate, average checkpoints, translate, and share "
+            "on the Hugging Face Hub (push, pull)."
         ),
     )
     parser.add_argument(
@@ -23,6 +24,9 @@ def build_parser():
     _add_evaluate(commands)
     _add_average(commands)
     _add_translate(commands)
+    _add_plot_training(commands)
+    _add_push(commands)
+    _add_pull(commands)
     return parser
 
 
@@ -74,6 +78,22 @@ def _add_train(commands):
     parser.add_argument(
         "--no-evaluate", action="store_true", help="skip the test BLEU"
     )
+    parser.add_argument(
+        "--distribute",
+        choices=("data", "model"),
+        default=None,
+        help="train on every device the backend sees through its own "
+        "engine: data parallel (all backends; torch under torchrun) or "
+        "data and model parallel (JAX); the global batch stays the same",
+    )
+    parser.add_argument(
+        "--model-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="devices on the model axis with --distribute model "
+        "(default: as many as the heads and devices allow)",
+    )
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_train)
 
@@ -109,6 +129,8 @@ def _train(args):
         evaluate=not args.no_evaluate,
         test_limit=args.test_limit,
         verbose=0 if args.quiet else "auto",
+        distribute=args.distribute,
+        model_parallel=args.model_parallel,
         **overrides,
     )
     print(summary)
@@ -262,6 +284,28 @@ def _add_translate(commands):
         default=None,
         help="reference translations: also print sacreBLEU to stderr",
     )
+    parser.add_argument(
+        "--plot-attention",
+        default=None,
+        metavar="PNG",
+        help="also draw each translation's attention heatmaps into PNG "
+        "(PNG-LINE.png for several input lines)",
+    )
+    parser.add_argument(
+        "--attention-kind",
+        default="cross_attention",
+        choices=(
+            "cross_attention",
+            "encoder_self_attention",
+            "decoder_self_attention",
+        ),
+    )
+    parser.add_argument(
+        "--attention-layer",
+        type=int,
+        default=None,
+        help="draw only this layer (default: all layers by all heads)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_translate)
 
@@ -300,6 +344,181 @@ def _translate(args):
     if args.reference is not None:
         references = _read_lines(args.reference)
         print(corpus_bleu(translations, references), file=sys.stderr)
+    if args.plot_attention:
+        _plot_attention(args, translator, sources, translations)
+    return 0
+
+
+def _plot_attention(args, translator, sources, translations):
+    import os
+
+    from keras_transformer.plotting import plot_attention
+
+    lines = [i for i, source in enumerate(sources) if source.strip()]
+    if not lines:
+        raise ValueError("--plot-attention: the input has no sentence.")
+    attention = translator.attention(
+        [sources[i] for i in lines], [translations[i] for i in lines]
+    )
+    stem, suffix = os.path.splitext(args.plot_attention)
+    for line, sentence in zip(lines, attention, strict=True):
+        path = args.plot_attention
+        if len(lines) > 1:
+            path = f"{stem}-{line + 1}{suffix or '.png'}"
+        plot_attention(
+            sentence,
+            path,
+            kind=args.attention_kind,
+            layer=args.attention_layer,
+        )
+        print(f"Attention of line {line + 1}: {path}", file=sys.stderr)
+
+
+def _add_push(commands):
+    parser = commands.add_parser(
+        "push",
+        help="upload a saved translator to the Hugging Face Hub",
+        description=(
+            "Uploads a saved translator to the Hugging Face Hub in one "
+            "commit: model, weights (.weights.h5 and .safetensors), "
+            "tokenizer, generation settings, sha256 manifest and a model "
+            "card. A training run's directory contributes its "
+            "results.json (BLEU, recipe) to the card. Prints the commit id."
+        ),
+    )
+    parser.add_argument("model", help="directory of a saved translator")
+    parser.add_argument("repo_id", help="OWNER/NAME on the Hub")
+    parser.add_argument("--revision", default="main", help="branch")
+    parser.add_argument("--message", default=None, help="commit message")
+    parser.add_argument(
+        "--private",
+        action="store_true",
+        default=None,
+        help="create the repository private",
+    )
+    parser.add_argument(
+        "--create-pr",
+        action="store_true",
+        help="open a pull request instead of committing to --revision",
+    )
+    parser.add_argument("--tag", default=None, help="tag the commit")
+    parser.add_argument(
+        "--results",
+        default=None,
+        help="training results.json (default: MODEL/results.json if any)",
+    )
+    parser.add_argument(
+        "--card",
+        default=None,
+        help="model card settings, JSON (default: hub/RECIPE.json)",
+    )
+    parser.add_argument(
+        "--token", default=None, help="Hub token (default: the logged-in one)"
+    )
+    parser.set_defaults(handler=_push)
+
+
+def _push(args):
+    import os
+
+    from keras_transformer import hub
+    from keras_transformer.generation import Translator
+
+    results = args.results
+    if results is None and os.path.isfile(
+        os.path.join(args.model, hub.RESULTS_FILE)
+    ):
+        results = args.model
+    translator = Translator.from_pretrained(args.model)
+    commit = hub.push_to_hub(
+        translator,
+        args.repo_id,
+        revision=args.revision,
+        commit_message=args.message,
+        private=args.private,
+        create_pr=args.create_pr,
+        token=args.token,
+        results=results,
+        card=args.card,
+        tag=args.tag,
+    )
+    print(commit)
+    return 0
+
+
+def _add_pull(commands):
+    parser = commands.add_parser(
+        "pull",
+        help="download and verify a translator from the Hugging Face Hub",
+        description=(
+            "Downloads hf://OWNER/NAME[@REVISION] into the Hugging Face "
+            "cache (or finds it there), checks every file against its "
+            "sha256 manifest and prints the local directory, which "
+            "`translate --model` and `evaluate --model` accept."
+        ),
+    )
+    parser.add_argument("reference", help="hf://OWNER/NAME[@REVISION]")
+    parser.add_argument("--revision", default=None)
+    parser.add_argument("--token", default=None)
+    parser.add_argument(
+        "--offline", action="store_true", help="use the cache only"
+    )
+    parser.add_argument(
+        "--output", default=None, help="also copy the files into this folder"
+    )
+    parser.set_defaults(handler=_pull)
+
+
+def _pull(args):
+    import shutil
+
+    from keras_transformer import hub
+
+    reference = args.reference
+    if not hub.is_hub_reference(reference):
+        reference = hub.HF_PREFIX + reference
+    directory = hub.resolve_directory(
+        reference, args.revision, args.token, args.offline
+    )
+    if args.output:
+        shutil.copytree(directory, args.output, dirs_exist_ok=True)
+        directory = args.output
+    print(directory)
+    return 0
+
+
+def _add_plot_training(commands):
+    parser = commands.add_parser(
+        "plot-training",
+        help="draw a run's loss, learning rate and BLEU curves",
+        description=(
+            "Reads a training run's CSV log (LOGDIR/logs/training.csv, "
+            "written by `train`) and draws loss, learning rate and "
+            "validation BLEU by epoch into a PNG."
+        ),
+    )
+    parser.add_argument(
+        "log", help="run directory, its logs/ directory or the CSV file"
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="PNG file (default: training.png next to the CSV log)",
+    )
+    parser.add_argument("--dpi", type=int, default=100)
+    parser.set_defaults(handler=_plot_training)
+
+
+def _plot_training(args):
+    import os
+
+    from keras_transformer.plotting import find_training_log, plot_training
+
+    path = args.output or os.path.join(
+        os.path.dirname(find_training_log(args.log)), "training.png"
+    )
+    plot_training(args.log, path, dpi=args.dpi)
+    print(path)
     return 0
 
 

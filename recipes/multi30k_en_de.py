@@ -3,6 +3,7 @@
 
     python recipes/multi30k_en_de.py [--data-dir DIR] [--output DIR]
                          [--max-minutes M] [--max-steps N] [--set KEY=VALUE]
+                         [--distribute data|model]
 
 The same as `keras-transformer train --recipe multi30k_en_de ...`.
 """

@@ -3,6 +3,7 @@
 
     python recipes/wmt14_en_de_big.py [--data-dir DIR] [--output DIR]
                          [--max-minutes M] [--max-steps N] [--set KEY=VALUE]
+                         [--distribute data|model]
 
 The same as `keras-transformer train --recipe wmt14_en_de_big ...`.
 """

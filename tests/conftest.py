@@ -8,6 +8,7 @@ backend); it defaults to JAX, the fastest on this CPU.
 
 import os
 import pathlib
+import socket
 import tempfile
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -17,6 +18,21 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault(
     "HF_HOME", os.path.join(tempfile.gettempdir(), "keras-transformer-hf")
 )
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The Hub tests' local server (tests/hub/hub_server.py) listens on this
+# port; the endpoint must be known before huggingface_hub is imported.
+os.environ["KERAS_TRANSFORMER_TEST_HUB_PORT"] = str(_free_port())
+os.environ["HF_ENDPOINT"] = (
+    f"http://127.0.0.1:{os.environ['KERAS_TRANSFORMER_TEST_HUB_PORT']}"
+)
+os.environ.pop("HF_TOKEN", None)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -26,6 +26,7 @@ from keras_transformer.generation.search import (
 from keras_transformer.generation.translator import (
     GenerationConfig,
     Hypothesis,
+    SentenceAttention,
     Translator,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "Generator",
     "Hypothesis",
     "SearchResult",
+    "SentenceAttention",
     "Translator",
     "beam_search",
     "corpus_bleu",

@@ -44,6 +44,13 @@ class GenerationConfig:
             accepts (``max_sequence_length - 1``, one place is the end
             token) is ``"truncate"``-d with a warning, or raises a
             `ValueError` with ``"error"``.
+        length_penalty_style: ``"gnmt"`` (the paper's beam search) or
+            ``"hf"`` (Hugging Face ``transformers``' beam search and
+            penalty ``|Y| ** alpha``; converted OPUS-MT models use it).
+        early_stopping: ``transformers``' stopping rule with ``"hf"``:
+            False, True or ``"never"``.
+        force_end_token: the last allowed token is the end token.
+        renormalize: log-softmax again after removing banned tokens.
     """
 
     method: str = "beam"
@@ -58,6 +65,10 @@ class GenerationConfig:
     seed: int | None = None
     batch_size: int = 32
     long_inputs: str = "truncate"
+    length_penalty_style: str = "gnmt"
+    early_stopping: bool | str = False
+    force_end_token: bool = False
+    renormalize: bool = False
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -98,6 +109,37 @@ class Hypothesis:
     token_ids: list
     score: float
     log_prob: float
+
+
+@dataclasses.dataclass
+class SentenceAttention:
+    """The attention weights of one translated sentence, cropped to its
+    real tokens (see `Translator.attention`).
+
+    Attributes:
+        source: the source sentence.
+        translation: the target text the weights were computed on.
+        source_tokens: the encoder's tokens: the source's subword pieces
+            and the end token.
+        target_tokens: the decoder's input tokens: the start token and
+            the translation's pieces.
+        output_tokens: what each decoder position predicts: the
+            translation's pieces and the end token.
+        encoder_self_attention: ``(layers, heads, source, source)``.
+        decoder_self_attention: ``(layers, heads, target, target)``.
+        cross_attention: ``(layers, heads, target, source)``.
+
+    Axes are (query, key); float32 numpy arrays whose rows sum to 1.
+    """
+
+    source: str
+    translation: str
+    source_tokens: list
+    target_tokens: list
+    output_tokens: list
+    encoder_self_attention: np.ndarray
+    decoder_self_attention: np.ndarray
+    cross_attention: np.ndarray
 
 
 class Translator:
@@ -277,6 +319,10 @@ class Translator:
             top_k=config.top_k,
             top_p=config.top_p,
             seed=config.seed,
+            length_penalty_style=config.length_penalty_style,
+            early_stopping=config.early_stopping,
+            force_end_token=config.force_end_token,
+            renormalize=config.renormalize,
         )
         sequences = result.sequences(end_id)
         flat = [tokens for row in sequences for tokens in row]
@@ -297,6 +343,128 @@ class Translator:
             for i in range(len(token_lists))
         ]
 
+    # --- attention
+
+    def attention(self, sentences, targets=None, **settings):
+        """Attention weights of translations, per layer and head.
+
+        Translates the sentences (or takes the given ``targets``), then
+        runs the model teacher-forced on each source and target with
+        `Transformer.attention_weights`, and crops the weights to the
+        real tokens of each pair.
+
+        Args:
+            sentences: a str or a list of str.
+            targets: None to translate, else the target text(s) to
+                force-decode, as many as ``sentences``.
+            **settings: `GenerationConfig` overrides for translating.
+
+        Returns:
+            A `SentenceAttention` for a str, a list of them for a list.
+        """
+        single = isinstance(sentences, str)
+        sentences = self._check_sentences(sentences)
+        config = self.generation_config.replace(**settings)
+        if targets is None:
+            hypotheses = self.translate_with_scores(
+                sentences, verbose=False, **settings
+            )
+            targets = [row[0].text for row in hypotheses]
+            target_ids = [list(row[0].token_ids) for row in hypotheses]
+        else:
+            if isinstance(targets, str) != single:
+                raise TypeError(
+                    "Pass targets like sentences: a str for a str, a list "
+                    f"for a list; got {type(targets).__name__}."
+                )
+            targets = self._check_sentences(targets)
+            if len(targets) != len(sentences):
+                raise ValueError(
+                    f"There are {len(sentences)} sentences but "
+                    f"{len(targets)} targets; pass one target per sentence."
+                )
+            target_ids = self._tokenize(targets, config)
+        source_ids = [[] for _ in sentences]
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        for i, row in zip(
+            todo,
+            self._tokenize([sentences[i] for i in todo], config),
+            strict=True,
+        ):
+            source_ids[i] = row
+        results = []
+        for begin in range(0, len(sentences), config.batch_size):
+            end = begin + config.batch_size
+            results += self._attention_batch(
+                sentences[begin:end],
+                targets[begin:end],
+                source_ids[begin:end],
+                target_ids[begin:end],
+            )
+        return results[0] if single else results
+
+    def _attention_batch(self, sentences, targets, source_ids, target_ids):
+        tokenizer = self.tokenizer
+        # Encoder: pieces + end; decoder: start + pieces (teacher forcing).
+        sources = [[*row, tokenizer.end_id] for row in source_ids]
+        inputs = [[tokenizer.start_id, *row] for row in target_ids]
+        limit = self.model.max_sequence_length
+        inputs = [row[:limit] for row in inputs]
+
+        def pad(rows):
+            # Widths rounded up to a multiple of 8, so that eager runs
+            # (JAX compiles each op per shape) reuse their programs.
+            width = min(-(-max(map(len, rows)) // 8) * 8, limit)
+            ids = np.full((len(rows), width), tokenizer.pad_id)
+            mask = np.zeros_like(ids)
+            for i, row in enumerate(rows):
+                ids[i, : len(row)] = row
+                mask[i, : len(row)] = 1
+            return ids.astype("int32"), mask.astype("int32")
+
+        encoder_ids, encoder_mask = pad(sources)
+        decoder_ids, decoder_mask = pad(inputs)
+        _, weights = self.model.attention_weights(
+            {
+                "encoder_token_ids": encoder_ids,
+                "encoder_padding_mask": encoder_mask,
+                "decoder_token_ids": decoder_ids,
+                "decoder_padding_mask": decoder_mask,
+            }
+        )
+        # (batch, layers, heads, query, key)
+        weights = {
+            name: np.stack(
+                [keras.ops.convert_to_numpy(w) for w in tensors], axis=1
+            )
+            for name, tensors in weights.items()
+        }
+        results = []
+        for i, (source, target) in enumerate(zip(sources, inputs, strict=True)):
+            s, t = len(source), len(target)
+            outputs = [*target[1:], tokenizer.end_id]
+            encoder = weights["encoder_self_attention"][i, :, :, :s, :s]
+            decoder = weights["decoder_self_attention"][i, :, :, :t, :t]
+            cross = weights["cross_attention"][i, :, :, :t, :s]
+            results.append(
+                SentenceAttention(
+                    source=sentences[i],
+                    translation=targets[i],
+                    source_tokens=self._pieces(source),
+                    target_tokens=self._pieces(target),
+                    output_tokens=self._pieces(outputs),
+                    encoder_self_attention=encoder,
+                    decoder_self_attention=decoder,
+                    cross_attention=cross,
+                )
+            )
+        return results
+
+    def _pieces(self, ids):
+        if hasattr(self.tokenizer, "id_to_token"):
+            return [str(p) for p in self.tokenizer.id_to_token(list(ids))]
+        return [str(i) for i in ids]
+
     # --- saving
 
     def save(self, directory):
@@ -309,6 +477,11 @@ class Translator:
         """
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
+        # A manifest left by an earlier pull or push would describe the
+        # old files and make the next load refuse the new ones.
+        stale_manifest = os.path.join(directory, "manifest.json")
+        if os.path.exists(stale_manifest):
+            os.remove(stale_manifest)
         config = {
             "format_version": FORMAT_VERSION,
             "keras_transformer_version": __version__,
@@ -323,23 +496,60 @@ class Translator:
             self.generation_config.to_dict(),
         )
 
+    def push_to_hub(self, repo_id, **options):
+        """Uploads the translator to the Hugging Face Hub in one commit,
+        with a model card and a manifest of checksums; returns the commit
+        id. See `keras_transformer.hub.push_to_hub` for the ``options``
+        (``revision``, ``commit_message``, ``private``, ``create_pr``,
+        ``token``, ``results``, ``card``, ``tag``).
+
+        Example:
+        >>> translator.push_to_hub("me/en-de", results="runs/multi30k")
+        >>> Translator.from_pretrained("hf://me/en-de")
+        """
+        from keras_transformer import hub
+
+        return hub.push_to_hub(self, repo_id, **options)
+
     @classmethod
-    def from_pretrained(cls, directory, **settings):
-        """Loads a translator written by `save`.
+    def from_pretrained(
+        cls,
+        directory,
+        revision=None,
+        token=None,
+        local_files_only=False,
+        **settings,
+    ):
+        """Loads a translator written by `save` or `push_to_hub`.
 
         Args:
-            directory: the saved translator's directory.
+            directory: the saved translator's directory, or a Hub
+                repository: ``"hf://owner/name"``, pinned with
+                ``"hf://owner/name@revision"`` or ``revision``.
+            revision: a branch, tag or commit id (Hub repositories).
+            token: a Hub token, for private repositories.
+            local_files_only: load from the Hugging Face cache only.
             **settings: generation settings overriding the saved ones.
         """
+        from keras_transformer import hub
         from keras_transformer.data import load_tokenizer
         from keras_transformer.models import Transformer
 
-        directory = os.fspath(directory)
+        # A Hub reference becomes a verified snapshot directory in the
+        # Hugging Face cache; from here on, everything reads a directory.
+        directory = hub.resolve_directory(
+            directory, revision, token, local_files_only
+        )
         if not os.path.isdir(directory):
             raise FileNotFoundError(
                 f"No translator directory at {directory!r}; expected one "
                 "written by Translator.save(directory)."
             )
+        from keras_transformer import marian
+
+        if marian.is_marian_directory(directory):
+            # A Hugging Face Marian (OPUS-MT) checkpoint: converted.
+            return marian.load_marian(directory, **settings)
         expected = (CONFIG_FILE, WEIGHTS_FILE, GENERATION_CONFIG_FILE)
         for name in expected + (TOKENIZER_DIR,):
             if not os.path.exists(os.path.join(directory, name)):
@@ -364,7 +574,11 @@ class Translator:
             )
         model = Transformer.from_config(config["model_config"])
         model.load_weights(os.path.join(directory, WEIGHTS_FILE))
-        tokenizer = load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
+        tokenizer_dir = os.path.join(directory, TOKENIZER_DIR)
+        if marian.is_marian_tokenizer_directory(tokenizer_dir):
+            tokenizer = marian.load_marian_tokenizer(tokenizer_dir)
+        else:
+            tokenizer = load_tokenizer(tokenizer_dir)
         generation = GenerationConfig.from_dict(
             _read_json(os.path.join(directory, GENERATION_CONFIG_FILE))
         )

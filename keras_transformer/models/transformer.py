@@ -8,6 +8,7 @@ from keras_transformer.layers import (
     TransformerEncoderLayer,
 )
 from keras_transformer.layers._utils import check_positive, check_rate
+from keras_transformer.layers.output_bias import OutputBias
 from keras_transformer.models.configs import get_config as get_named_config
 
 INPUT_NAMES = (
@@ -62,6 +63,9 @@ class Transformer(keras.Model):
         scale_embeddings: multiply embeddings by sqrt(d_model).
         position_encoding_layout: ``"interleaved"`` (the paper's sin/cos on
             even/odd channels) or ``"concatenated"``.
+        use_output_bias: add a learned bias to the logits after the tied
+            pre-softmax projection (Marian's ``final_logits_bias``; the
+            paper has none). An untied projection always has its bias.
         dtype: dtype policy of every layer, e.g. ``"mixed_bfloat16"``.
 
     Example:
@@ -100,6 +104,7 @@ class Transformer(keras.Model):
         tie_output_embeddings=True,
         scale_embeddings=True,
         position_encoding_layout="interleaved",
+        use_output_bias=False,
         dtype=None,
         **kwargs,
     ):
@@ -216,6 +221,13 @@ class Transformer(keras.Model):
                 dtype=dtype,
                 name="output_projection",
             )
+        layers["output_bias"] = None
+        if use_output_bias and tie_output_embeddings:
+            layers["output_bias"] = OutputBias(
+                target_vocabulary_size or vocabulary_size,
+                dtype=dtype,
+                name="output_bias",
+            )
         # Logits leave the model in float32 under mixed precision, so that
         # the softmax of the loss is computed in full precision.
         layers["logits_cast"] = keras.layers.Activation(
@@ -265,6 +277,7 @@ class Transformer(keras.Model):
         self.tie_output_embeddings = tie_output_embeddings
         self.scale_embeddings = scale_embeddings
         self.position_encoding_layout = position_encoding_layout
+        self.use_output_bias = use_output_bias
 
     # --- the three stages, shared by the graph and the decoding entry points
 
@@ -325,6 +338,8 @@ class Transformer(keras.Model):
             logits = self.decoder_token_embedding(decoder_output, reverse=True)
         else:
             logits = self.output_projection(decoder_output)
+        if self.output_bias is not None:
+            logits = self.output_bias(logits)
         return self.logits_cast(logits)
 
     # --- input checks
@@ -452,6 +467,76 @@ class Transformer(keras.Model):
         )
         return self._logits(x), cache
 
+    # --- attention weights
+
+    def attention_weights(self, inputs, training=False):
+        """The logits and the attention weights of every layer and head.
+
+        Runs the model on the same inputs as `call`, teacher-forced, with
+        each attention sublayer computing its weights explicitly (softmax
+        in float32). The logits match those of `call` (to float32
+        rounding).
+
+        Args:
+            inputs: the dict of `call`.
+            training: whether dropout is active.
+
+        Returns:
+            ``(logits, weights)``: ``weights`` is a dict of lists with one
+            float32 tensor per layer: ``"encoder_self_attention"``,
+            ``(batch, num_heads, source_length, source_length)``;
+            ``"decoder_self_attention"``, ``(batch, num_heads,
+            target_length, target_length)``; ``"cross_attention"``,
+            ``(batch, num_heads, target_length, source_length)``. Axes
+            are (query, key); rows sum to 1; padded keys and later
+            positions get weight 0. Rows of padded queries are kept:
+            crop them with the padding masks (`Translator.attention`
+            returns cropped arrays).
+        """
+        self._check_inputs(inputs)
+        ids = {
+            name: ops.convert_to_tensor(inputs[name], "int32")
+            for name in INPUT_NAMES
+        }
+        source_mask = ids["encoder_padding_mask"]
+        weights = {
+            "encoder_self_attention": [],
+            "decoder_self_attention": [],
+            "cross_attention": [],
+        }
+        # The steps of `_encode` and `_decode`, asking each layer for its
+        # weights.
+        x = self.encoder_token_embedding(ids["encoder_token_ids"])
+        x = x + self.encoder_position_encoding(x)
+        x = self.encoder_embedding_dropout(x, training=training)
+        for layer in self.encoder_layers:
+            x, scores = layer(
+                x,
+                padding_mask=source_mask,
+                return_attention_scores=True,
+                training=training,
+            )
+            weights["encoder_self_attention"].append(scores)
+        if self.encoder_final_norm is not None:
+            x = self.encoder_final_norm(x)
+        y = self.decoder_token_embedding(ids["decoder_token_ids"])
+        y = y + self.decoder_position_encoding(y)
+        y = self.decoder_embedding_dropout(y, training=training)
+        for layer in self.decoder_layers:
+            y, scores = layer(
+                y,
+                x,
+                decoder_padding_mask=ids["decoder_padding_mask"],
+                encoder_padding_mask=source_mask,
+                return_attention_scores=True,
+                training=training,
+            )
+            weights["decoder_self_attention"].append(scores["self_attention"])
+            weights["cross_attention"].append(scores["cross_attention"])
+        if self.decoder_final_norm is not None:
+            y = self.decoder_final_norm(y)
+        return self._logits(y), weights
+
     # --- configuration
 
     @classmethod
@@ -486,6 +571,7 @@ class Transformer(keras.Model):
             "tie_output_embeddings": self.tie_output_embeddings,
             "scale_embeddings": self.scale_embeddings,
             "position_encoding_layout": self.position_encoding_layout,
+            "use_output_bias": self.use_output_bias,
         }
 
     @classmethod

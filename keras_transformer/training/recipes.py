@@ -2,6 +2,7 @@
 run end to end (tokenizer, pipeline, `model.fit`, checkpoint averaging,
 BLEU on the test set, a saved translator)."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -203,6 +204,8 @@ def run_recipe(
     evaluate=True,
     test_limit=None,
     verbose="auto",
+    distribute=None,
+    model_parallel=None,
     **overrides,
 ):
     """Trains a recipe end to end and saves a complete translator.
@@ -223,6 +226,12 @@ def run_recipe(
         evaluate: translate the test set and report BLEU.
         test_limit: evaluate on the first this many test sentences only.
         verbose: Keras verbosity of `fit`.
+        distribute: None (one device), ``"data"`` or ``"model"``: train on
+            every device the backend sees through its own engine
+            (`keras_transformer.distribute`), with the same global batch
+            and step counts. Processes other than the first write their
+            files to ``output/worker-N``.
+        model_parallel: devices on the model axis (``"model"``, JAX).
         **overrides: other `Recipe` settings.
 
     Returns:
@@ -241,12 +250,31 @@ def run_recipe(
         list_checkpoints,
         transformer_optimizer,
     )
-    from keras_transformer.training.callbacks import BleuCallback, TimeLimit
+    from keras_transformer.training.callbacks import (
+        BleuCallback,
+        LearningRateLogger,
+        TimeLimit,
+    )
 
     if max_steps is not None:
         overrides["max_steps"] = max_steps
     recipe = get_recipe(name, **overrides)
     output = output or os.path.join("runs", recipe.name)
+    engine = None
+    if distribute is not None:
+        from keras_transformer.distribute import get_distribution
+
+        engine = get_distribution(
+            distribute,
+            model_parallel=model_parallel,
+            divides=(
+                recipe.model.get("num_heads", 8),
+                recipe.model.get("hidden_dim", 512),
+                recipe.model.get("intermediate_dim", 2048),
+            ),
+        )
+        if not engine.is_chief:
+            output = os.path.join(output, f"worker-{engine.process_index}")
     os.makedirs(output, exist_ok=True)
 
     train_files = data.load_dataset(
@@ -269,25 +297,35 @@ def run_recipe(
         deterministic=True,
         max_length=recipe.max_length,
         repeat=True,
+        batch_multiple=engine.num_replicas if engine else 1,
     )
+    if engine is not None:
+        dataset = engine.shard_dataset(dataset)
 
     keras.utils.set_random_seed(seed)
-    model = Transformer(
-        vocabulary_size=tokenizer.vocabulary_size,
-        max_sequence_length=recipe.max_length,
-        dtype=recipe.dtype,
-        **recipe.model,
-    )
-    model.compile(
-        optimizer=transformer_optimizer(
-            model.hidden_dim,
-            warmup_steps=recipe.warmup_steps,
-            scale=recipe.learning_rate_scale,
-            gradient_accumulation_steps=recipe.gradient_accumulation_steps,
-        ),
-        loss=LabelSmoothedCrossEntropy(recipe.label_smoothing),
-        metrics=[MaskedAccuracy(), Perplexity()],
-    )
+    loss = LabelSmoothedCrossEntropy(recipe.label_smoothing)
+    # Weights and the optimizer are made on the engine's devices.
+    with engine.scope() if engine else contextlib.nullcontext():
+        model = Transformer(
+            vocabulary_size=tokenizer.vocabulary_size,
+            max_sequence_length=recipe.max_length,
+            dtype=recipe.dtype,
+            **recipe.model,
+        )
+        model.compile(
+            optimizer=transformer_optimizer(
+                model.hidden_dim,
+                warmup_steps=recipe.warmup_steps,
+                scale=recipe.learning_rate_scale,
+                gradient_accumulation_steps=(
+                    recipe.gradient_accumulation_steps
+                ),
+            ),
+            loss=engine.wrap_loss(loss) if engine else loss,
+            metrics=[MaskedAccuracy(), Perplexity()],
+        )
+    if engine is not None:
+        engine.prepare(model)
 
     checkpoints = os.path.join(output, "checkpoints")
     logs = os.path.join(output, "logs")
@@ -295,6 +333,7 @@ def run_recipe(
     time_limit = TimeLimit(max_minutes)
     callbacks = [
         time_limit,
+        *([engine.stop_together()] if engine else []),
         KeepLastCheckpoints(
             checkpoints,
             keep=recipe.average_last,
@@ -317,6 +356,7 @@ def run_recipe(
         )
     # After the BLEU callback, so that they record val_bleu.
     callbacks += [
+        LearningRateLogger(),
         keras.callbacks.CSVLogger(
             os.path.join(logs, "training.csv"), append=True
         ),
