@@ -215,9 +215,22 @@ def resolve_directory(
     return directory
 
 
+# Weights for other frameworks that Hub repositories (OPUS-MT's among
+# them) often hold next to the PyTorch ones: about a gigabyte per model
+# that no loader here reads.
+FOREIGN_WEIGHTS = (
+    "tf_model.h5",
+    "flax_model.msgpack",
+    "rust_model.ot",
+    "*.onnx",
+    "onnx/*",
+)
+
+
 def download(repo_id, revision="main", token=None, local_files_only=False):
     """`huggingface_hub.snapshot_download` with clear errors; returns the
-    snapshot directory in the Hugging Face cache."""
+    snapshot directory in the Hugging Face cache. Other frameworks'
+    weights (`FOREIGN_WEIGHTS`) are not downloaded."""
     import huggingface_hub
     from huggingface_hub import constants, errors
 
@@ -228,6 +241,7 @@ def download(repo_id, revision="main", token=None, local_files_only=False):
             revision=revision,
             token=token,
             local_files_only=local_files_only,
+            ignore_patterns=list(FOREIGN_WEIGHTS),
             library_name="keras-transformer",
             library_version=__version__,
         )

@@ -178,8 +178,18 @@ def test_pull_an_opus_mt_repository_from_the_hub(
     api = HfApi(token=hub["token"])
     api.create_repo(repo, exist_ok=True)
     api.upload_folder(repo_id=repo, folder_path=marian_checkpoint["directory"])
+    # Real OPUS-MT repositories also hold other frameworks' weights, which
+    # the loader must not download.
+    api.upload_file(
+        path_or_fileobj=b"not read by keras-transformer",
+        path_in_repo="tf_model.h5",
+        repo_id=repo,
+    )
     loaded = kt.Translator.from_pretrained(f"hf://{repo}")
     _assert_same_translator(loaded, translator, marian_checkpoint["sentences"])
+    snapshot = kt.hub.download(repo)
+    assert os.path.exists(os.path.join(snapshot, "config.json"))
+    assert not os.path.exists(os.path.join(snapshot, "tf_model.h5"))
 
 
 def test_push_converted_model_and_pull_it_again(
