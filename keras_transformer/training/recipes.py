@@ -83,7 +83,11 @@ _BASE_MODEL = {
 }
 
 RECIPES = {
-    # A small model that trains on a 2-core CPU in under an hour.
+    # A small model that trains on a 2-core CPU in an hour: about 2.4 s per
+    # step of 2048-token batches, so about 1,500 steps (6 epochs); 34.09
+    # BLEU on test2016 in 60.4 min (README). A short warmup (peak 1.56e-3
+    # at step 400) suits so few steps; the last 5 checkpoints, 100 steps
+    # apart, are averaged.
     "multi30k_en_de": Recipe(
         name="multi30k_en_de",
         dataset="multi30k",
@@ -99,15 +103,15 @@ RECIPES = {
             "intermediate_dim": 1024,
             "dropout": 0.1,
         },
-        max_tokens=4096,
+        max_tokens=2048,
         max_length=128,
-        warmup_steps=1000,
-        learning_rate_scale=1.0,
-        max_steps=6000,
-        steps_per_epoch=250,
-        checkpoint_every=250,
+        warmup_steps=400,
+        learning_rate_scale=0.5,
+        max_steps=2000,
+        steps_per_epoch=300,
+        checkpoint_every=100,
         average_last=5,
-        bleu_subset=200,
+        bleu_subset=100,
     ),
     # Section 6.1 and Table 3: 100k steps of ~25k source and target tokens
     # on 8 GPUs; the last 5 checkpoints (10-minute intervals) averaged.
