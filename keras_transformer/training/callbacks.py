@@ -7,9 +7,15 @@ import keras
 
 
 class TimeLimit(keras.callbacks.Callback):
-    """Stops training after ``max_minutes`` of wall-clock time, at the end
-    of the batch that crosses the limit. Time spent before `fit` started
-    (e.g. in an earlier, resumed run) is not counted."""
+    """Stops training so that it ends within ``max_minutes`` of wall-clock
+    time. Time spent before `fit` started (e.g. in an earlier, resumed
+    run) is not counted.
+
+    The work at the end of an epoch (saving the training state, validation)
+    runs also when training stops, so the callback measures it along with
+    the batches: after each batch it stops unless one more batch, any epoch
+    end due before it, and the final epoch end still fit in the limit.
+    """
 
     def __init__(self, max_minutes):
         super().__init__()
@@ -17,14 +23,33 @@ class TimeLimit(keras.callbacks.Callback):
             raise ValueError(f"max_minutes={max_minutes} must be positive.")
         self.max_minutes = max_minutes
         self.stopped = False
+        self.epoch_end_seconds = 0.0
+        self.batch_seconds = 0.0
 
     def on_train_begin(self, logs=None):
         self._start = time.monotonic()
+        self._last_batch_end = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # The pause since the last batch: the epoch-end callbacks' work.
+        if self._last_batch_end is not None:
+            pause = time.monotonic() - self._last_batch_end
+            self.epoch_end_seconds = max(self.epoch_end_seconds, pause)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_start = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
+        self._last_batch_end = now = time.monotonic()
+        # The first batches compile or warm up: the latest one is the
+        # estimate for the next.
+        self.batch_seconds = now - self._batch_start
         if self.max_minutes is None:
             return
-        if time.monotonic() - self._start > 60.0 * self.max_minutes:
+        needed = self.batch_seconds + self.epoch_end_seconds
+        if batch + 1 == (self.params or {}).get("steps"):
+            needed += self.epoch_end_seconds  # this epoch's end comes first
+        if now - self._start + needed > 60.0 * self.max_minutes:
             self.stopped = True
             self.model.stop_training = True
 

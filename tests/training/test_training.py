@@ -232,3 +232,43 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
         )
         is None
     )
+
+
+def test_time_limit_leaves_room_for_the_end_of_epoch_work():
+    """Training plus the last epoch's end-of-epoch work fits the limit."""
+    import time
+
+    from keras_transformer.training.callbacks import TimeLimit
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.zeros((8, 4), "float32")
+    pause = 0.6
+    batch_times = []
+
+    class Timing(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self._begin = time.monotonic()
+
+        def on_train_batch_end(self, batch, logs=None):
+            batch_times.append(time.monotonic() - self._begin)
+
+    slow_epoch_end = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: time.sleep(pause)
+    )
+    limit = TimeLimit(max_minutes=3.0 / 60.0)
+    start = time.monotonic()
+    history = model.fit(
+        x, x[:, :1], batch_size=1, epochs=1000, verbose=0,
+        callbacks=[limit, Timing(), slow_epoch_end],
+    )
+    total = time.monotonic() - start
+    assert limit.stopped
+    assert len(history.epoch) >= 2
+    assert limit.epoch_end_seconds >= pause
+    # Without the reserve the run would overshoot by the whole pause.
+    assert total <= 3.0 + 0.3, (total, batch_times)
+    assert total >= 3.0 - 2 * pause - 0.3 - 2 * max(batch_times)
+
+    with pytest.raises(ValueError, match="max_minutes=0"):
+        TimeLimit(max_minutes=0)
