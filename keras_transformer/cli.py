@@ -155,15 +155,33 @@ def _add_evaluate(commands):
     parser.add_argument("--source", default=None)
     parser.add_argument("--reference", default=None)
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--beam-size", type=int, default=None)
-    parser.add_argument("--length-penalty", type=float, default=None)
+    _add_search_arguments(parser)
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_evaluate)
 
 
+def _add_search_arguments(parser):
+    """Generation settings that override those saved with the model."""
+    parser.add_argument("--beam-size", type=int, default=None)
+    parser.add_argument("--length-penalty", type=float, default=None)
+
+
+def _load_translator(args, *names):
+    """--model's translator; the settings ``names`` given on the command
+    line replace the saved ones."""
+    from keras_transformer.generation import Translator
+
+    settings = {
+        name: getattr(args, name)
+        for name in ("beam_size", "length_penalty", *names)
+        if getattr(args, name) is not None
+    }
+    return Translator.from_pretrained(args.model, **settings)
+
+
 def _evaluate(args):
     from keras_transformer import data
-    from keras_transformer.generation import Translator, evaluate_bleu
+    from keras_transformer.generation import evaluate_bleu
 
     if (args.source is None) != (args.reference is None):
         raise ValueError("Pass --source and --reference together.")
@@ -173,13 +191,7 @@ def _evaluate(args):
         pairs, _ = data.load_pairs(args.dataset, args.split, args.data_dir)
     if args.limit:
         pairs = pairs[: args.limit]
-    settings = {
-        "beam_size": args.beam_size,
-        "length_penalty": args.length_penalty,
-    }
-    translator = Translator.from_pretrained(
-        args.model, **{k: v for k, v in settings.items() if v is not None}
-    )
+    translator = _load_translator(args)
     with _progress_to_stderr():
         result = evaluate_bleu(
             translator,
@@ -267,8 +279,7 @@ def _add_translate(commands):
     parser.add_argument(
         "--output", default="-", help="output file (default: standard output)"
     )
-    parser.add_argument("--beam-size", type=int, default=None)
-    parser.add_argument("--length-penalty", type=float, default=None)
+    _add_search_arguments(parser)
     parser.add_argument(
         "--method", choices=("beam", "greedy", "sample"), default=None
     )
@@ -318,17 +329,11 @@ def _read_lines(path):
 
 
 def _translate(args):
-    from keras_transformer.generation import Translator, corpus_bleu
+    from keras_transformer.generation import corpus_bleu
 
-    settings = {
-        "beam_size": args.beam_size,
-        "length_penalty": args.length_penalty,
-        "method": args.method,
-        "max_length_offset": args.max_length_offset,
-        "batch_size": args.batch_size,
-    }
-    settings = {k: v for k, v in settings.items() if v is not None}
-    translator = Translator.from_pretrained(args.model, **settings)
+    translator = _load_translator(
+        args, "method", "max_length_offset", "batch_size"
+    )
     sources = _read_lines(args.input)
     with _progress_to_stderr():
         translations = translator.translate(

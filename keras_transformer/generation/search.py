@@ -258,6 +258,105 @@ def _gather_beams(tensor, indices):
     return ops.take_along_axis(tensor, expanded, axis=1)
 
 
+def _initial_sequences(batch_size, beam_size, max_length, start_id, pad_id):
+    """``(batch, beam, max_length + 1)``: the start token, then padding."""
+    return ops.concatenate(
+        [
+            ops.full((batch_size, beam_size, 1), start_id, "int32"),
+            ops.full((batch_size, beam_size, max_length), pad_id, "int32"),
+        ],
+        axis=2,
+    )
+
+
+def _expand(state, step_log_probs, k, index, row_max_lengths, end_id):
+    """The ``k`` best one-token extensions of the alive hypotheses.
+
+    Returns a dict: their ``log_probs`` ``(batch, k)``, ``source_beams``
+    and ``tokens``, the extended ``sequences`` ``(batch, k, L + 1)``, the
+    new ``length`` and ``ended`` (end token, or the row's maximum length).
+    """
+    batch_size, beam_size = state["alive_log_probs"].shape
+    vocabulary_size = step_log_probs.shape[-1]
+    # (batch, beam * V): every extension of every alive hypothesis.
+    candidates = ops.reshape(
+        state["alive_log_probs"][:, :, None]
+        + ops.reshape(step_log_probs, (batch_size, beam_size, -1)),
+        (batch_size, -1),
+    )
+    log_probs, indices = ops.top_k(candidates, k)
+    indices = ops.cast(indices, "int32")
+    source_beams = indices // vocabulary_size
+    tokens = indices % vocabulary_size
+    sequences = _gather_beams(state["alive_sequences"], source_beams)
+    length = index + 1
+    at_limit = (length >= row_max_lengths)[:, None]
+    return {
+        "log_probs": log_probs,
+        "source_beams": source_beams,
+        "tokens": tokens,
+        "sequences": _write_column(sequences, length, tokens),
+        "length": length,
+        "ended": ops.logical_or(tokens == end_id, at_limit),
+    }
+
+
+def _select_alive(expanded, alive_candidates, beam_size, cache):
+    """Keeps the ``beam_size`` best of ``alive_candidates`` (the
+    extensions' log-probabilities with the ended ones pushed down) and
+    reorders the cache rows to follow their parents.
+
+    Returns ``(log_probs, sequences, cache)`` of the new alive set.
+    """
+    log_probs, indices = ops.top_k(alive_candidates, beam_size)
+    indices = ops.cast(indices, "int32")
+    sequences = _gather_beams(expanded["sequences"], indices)
+    parents = ops.take_along_axis(expanded["source_beams"], indices, axis=1)
+    batch_size = parents.shape[0]
+    offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
+    parents = ops.reshape(parents + offsets, (batch_size * beam_size,))
+    cache = {
+        key: ops.take(value, parents, axis=0) for key, value in cache.items()
+    }
+    return log_probs, sequences, cache
+
+
+def _merge_finished(state, expanded, candidate_scores, extra=None):
+    """Keeps the best of the finished set and the candidates by score (a
+    candidate that must not enter has a score of -inf or very low).
+    ``extra`` maps further per-hypothesis state keys to the candidates'
+    values. Returns the new finished state, a dict."""
+    beam_size = state["finished_scores"].shape[1]
+    merged_scores = ops.concatenate(
+        [state["finished_scores"], candidate_scores], axis=1
+    )
+    new_scores, kept = ops.top_k(merged_scores, beam_size)
+    kept = ops.cast(kept, "int32")
+    candidates = {
+        "finished_sequences": expanded["sequences"],
+        "finished_log_probs": expanded["log_probs"],
+        "finished_lengths": ops.broadcast_to(
+            expanded["length"], ops.shape(expanded["tokens"])
+        ),
+        **(extra or {}),
+    }
+    new_state = {
+        key: _gather_beams(ops.concatenate([state[key], value], axis=1), kept)
+        for key, value in candidates.items()
+    }
+    new_state["finished_scores"] = new_scores
+    return new_state
+
+
+def _search_outputs(state, n):
+    return {
+        "token_ids": state["finished_sequences"][:, :n, 1:],
+        "lengths": state["finished_lengths"][:, :n],
+        "log_probs": state["finished_log_probs"][:, :n],
+        "scores": state["finished_scores"][:, :n],
+    }
+
+
 def beam_search(
     step_fn,
     cache,
@@ -357,14 +456,9 @@ def beam_search(
             f"num_return_sequences={num_return_sequences} must be between 1 "
             f"and beam_size={beam_size}."
         )
-    vocabulary_size = banned.shape[0]
     rows = batch_size * beam_size
-    sequences = ops.concatenate(
-        [
-            ops.full((batch_size, beam_size, 1), start_id, "int32"),
-            ops.full((batch_size, beam_size, max_length), pad_id, "int32"),
-        ],
-        axis=2,
+    sequences = _initial_sequences(
+        batch_size, beam_size, max_length, start_id, pad_id
     )
     row_max_lengths = ops.cast(row_max_lengths, "int32")
     # Only the first beam starts alive, so that the first step does not
@@ -378,7 +472,6 @@ def beam_search(
     done = ops.zeros((batch_size,), "bool")
     # The best normalized score an alive hypothesis can still reach.
     best_penalty = length_penalty(row_max_lengths, alpha)
-    beam_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
 
     def cond(index, state):
         return ops.logical_not(ops.all(state["done"]))
@@ -398,66 +491,26 @@ def beam_search(
             )
         else:
             step_log_probs = _log_softmax(logits, banned)
-        # (batch, beam * V): every extension of every alive hypothesis.
-        candidates = ops.reshape(
-            state["alive_log_probs"][:, :, None]
-            + ops.reshape(step_log_probs, (batch_size, beam_size, -1)),
-            (batch_size, -1),
+        expanded = _expand(
+            state, step_log_probs, beam_size, index, row_max_lengths, end_id
         )
-        top_log_probs, top_indices = ops.top_k(candidates, beam_size)
-        top_indices = ops.cast(top_indices, "int32")
-        source_beams = top_indices // vocabulary_size
-        tokens = top_indices % vocabulary_size
-        candidate_sequences = _gather_beams(
-            state["alive_sequences"], source_beams
-        )
-        candidate_sequences = _write_column(
-            candidate_sequences, index + 1, tokens
-        )
-        length = index + 1
-        at_limit = (length >= row_max_lengths)[:, None]
-        is_finished = ops.logical_or(tokens == end_id, at_limit)
+        top_log_probs, is_finished = expanded["log_probs"], expanded["ended"]
 
         # Alive set: the kept extensions that did not finish, best first.
-        alive_candidates = ops.where(is_finished, NEG_INF, top_log_probs)
-        alive_log_probs, alive_indices = ops.top_k(alive_candidates, beam_size)
-        alive_indices = ops.cast(alive_indices, "int32")
-        alive_sequences = _gather_beams(candidate_sequences, alive_indices)
-        parents = ops.take_along_axis(source_beams, alive_indices, axis=1)
-        parents = ops.reshape(parents + beam_offsets, (rows,))
-        cache = {
-            key: ops.take(value, parents, axis=0)
-            for key, value in cache.items()
-        }
+        alive_log_probs, alive_sequences, cache = _select_alive(
+            expanded,
+            ops.where(is_finished, NEG_INF, top_log_probs),
+            beam_size,
+            cache,
+        )
 
         # Finished set: merge the finished extensions by normalized score.
         candidate_scores = ops.where(
-            is_finished, top_log_probs / length_penalty(length, alpha), NEG_INF
+            is_finished,
+            top_log_probs / length_penalty(expanded["length"], alpha),
+            NEG_INF,
         )
-        merged_scores = ops.concatenate(
-            [state["finished_scores"], candidate_scores], axis=1
-        )
-        new_scores, kept = ops.top_k(merged_scores, beam_size)
-        kept = ops.cast(kept, "int32")
-        merged = {
-            "finished_sequences": ops.concatenate(
-                [state["finished_sequences"], candidate_sequences], axis=1
-            ),
-            "finished_log_probs": ops.concatenate(
-                [state["finished_log_probs"], top_log_probs], axis=1
-            ),
-            "finished_lengths": ops.concatenate(
-                [
-                    state["finished_lengths"],
-                    ops.broadcast_to(length, ops.shape(tokens)),
-                ],
-                axis=1,
-            ),
-        }
-        new_state = {
-            key: _gather_beams(value, kept) for key, value in merged.items()
-        }
-        new_state["finished_scores"] = new_scores
+        new_state = _merge_finished(state, expanded, candidate_scores)
         # Frozen rows keep their finished set as it was when they stopped.
         done = state["done"]
         for key, value in new_state.items():
@@ -494,12 +547,7 @@ def beam_search(
         cond, body, (index, state), maximum_iterations=max_length
     )
     n = num_return_sequences if static_n else beam_size
-    return {
-        "token_ids": state["finished_sequences"][:, :n, 1:],
-        "lengths": state["finished_lengths"][:, :n],
-        "log_probs": state["finished_log_probs"][:, :n],
-        "scores": state["finished_scores"][:, :n],
-    }
+    return _search_outputs(state, n)
 
 
 def hf_beam_search(
@@ -551,7 +599,6 @@ def hf_beam_search(
             f"num_return_sequences={num_return_sequences} must be between 1 "
             f"and beam_size={beam_size}."
         )
-    vocabulary_size = banned.shape[0]
     rows = batch_size * beam_size
     keep = 2 * beam_size
     top_mask = ops.convert_to_tensor([True] * beam_size + [False] * beam_size)[
@@ -560,15 +607,10 @@ def hf_beam_search(
     alpha = ops.cast(alpha, "float32")
     row_max_lengths = ops.cast(row_max_lengths, "int32")
     flat_max_lengths = ops.repeat(row_max_lengths, beam_size, axis=0)
-    sequences = ops.concatenate(
-        [
-            ops.full((batch_size, beam_size, 1), start_id, "int32"),
-            ops.full((batch_size, beam_size, max_length), pad_id, "int32"),
-        ],
-        axis=2,
+    sequences = _initial_sequences(
+        batch_size, beam_size, max_length, start_id, pad_id
     )
     first = ops.convert_to_tensor([0.0] + [-_HF_LARGE] * (beam_size - 1))
-    beam_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
     if early_stopping == "never":
         best_lengths = ops.cast(row_max_lengths, "float32")
     else:
@@ -589,38 +631,19 @@ def hf_beam_search(
             force_end,
             renormalize,
         )
-        # (batch, beam * V): every extension of every alive hypothesis.
-        candidates = ops.reshape(
-            state["alive_log_probs"][:, :, None]
-            + ops.reshape(step_log_probs, (batch_size, beam_size, -1)),
-            (batch_size, -1),
+        expanded = _expand(
+            state, step_log_probs, keep, index, row_max_lengths, end_id
         )
-        top_log_probs, top_indices = ops.top_k(candidates, keep)
-        top_indices = ops.cast(top_indices, "int32")
-        source_beams = top_indices // vocabulary_size
-        tokens = top_indices % vocabulary_size
-        candidate_sequences = _gather_beams(
-            state["alive_sequences"], source_beams
-        )
-        candidate_sequences = _write_column(
-            candidate_sequences, index + 1, tokens
-        )
-        length = index + 1
-        at_limit = (length >= row_max_lengths)[:, None]
-        ended = ops.logical_or(tokens == end_id, at_limit)
-        ended_float = ops.cast(ended, "float32")
+        top_log_probs, ended = expanded["log_probs"], expanded["ended"]
+        length = expanded["length"]
 
         # Alive: the beam_size best extensions that did not end.
-        alive_candidates = top_log_probs - ended_float * _HF_LARGE
-        alive_log_probs, alive_indices = ops.top_k(alive_candidates, beam_size)
-        alive_indices = ops.cast(alive_indices, "int32")
-        alive_sequences = _gather_beams(candidate_sequences, alive_indices)
-        parents = ops.take_along_axis(source_beams, alive_indices, axis=1)
-        parents = ops.reshape(parents + beam_offsets, (rows,))
-        cache = {
-            key: ops.take(value, parents, axis=0)
-            for key, value in cache.items()
-        }
+        alive_log_probs, alive_sequences, cache = _select_alive(
+            expanded,
+            top_log_probs - ops.cast(ended, "float32") * _HF_LARGE,
+            beam_size,
+            cache,
+        )
 
         # Finished: the ended extensions among the beam_size best.
         just_finished = ops.logical_and(ended, top_mask)
@@ -636,33 +659,13 @@ def hf_beam_search(
         candidate_scores -= (
             ops.cast(ops.logical_not(just_finished), "float32") * _HF_LARGE
         )
-        merged_scores = ops.concatenate(
-            [state["finished_scores"], candidate_scores], axis=1
+        new_state = _merge_finished(
+            state,
+            expanded,
+            candidate_scores,
+            extra={"is_finished": just_finished},
         )
-        new_scores, kept = ops.top_k(merged_scores, beam_size)
-        kept = ops.cast(kept, "int32")
-        merged = {
-            "finished_sequences": ops.concatenate(
-                [state["finished_sequences"], candidate_sequences], axis=1
-            ),
-            "finished_log_probs": ops.concatenate(
-                [state["finished_log_probs"], top_log_probs], axis=1
-            ),
-            "finished_lengths": ops.concatenate(
-                [
-                    state["finished_lengths"],
-                    ops.broadcast_to(length, ops.shape(tokens)),
-                ],
-                axis=1,
-            ),
-            "is_finished": ops.concatenate(
-                [state["is_finished"], just_finished], axis=1
-            ),
-        }
-        new_state = {
-            key: _gather_beams(value, kept) for key, value in merged.items()
-        }
-        new_state["finished_scores"] = new_scores
+        new_scores = new_state["finished_scores"]
 
         # Can an alive hypothesis still beat the worst finished one?
         lengths = ops.cast(length, "float32")
@@ -707,12 +710,7 @@ def hf_beam_search(
         cond, body, (index, state), maximum_iterations=max_length
     )
     n = num_return_sequences if static_n else beam_size
-    return {
-        "token_ids": state["finished_sequences"][:, :n, 1:],
-        "lengths": state["finished_lengths"][:, :n],
-        "log_probs": state["finished_log_probs"][:, :n],
-        "scores": state["finished_scores"][:, :n],
-    }
+    return _search_outputs(state, n)
 
 
 def banned_logits(vocabulary_size, banned_ids):

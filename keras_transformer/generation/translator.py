@@ -9,6 +9,7 @@ import warnings
 import keras
 import numpy as np
 
+from keras_transformer._settings import replace_settings
 from keras_transformer.generation.generator import METHODS, Generator
 from keras_transformer.version import __version__
 
@@ -84,14 +85,9 @@ class GenerationConfig:
 
     def replace(self, **overrides):
         """A copy with some settings changed; unknown names raise."""
-        fields = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise TypeError(
-                f"Unknown generation settings {unknown}; the settings are "
-                f"{sorted(fields)}."
-            )
-        return dataclasses.replace(self, **overrides)
+        return replace_settings(
+            self, overrides, "generation settings", error=TypeError
+        )
 
     def to_dict(self):
         return dataclasses.asdict(self)

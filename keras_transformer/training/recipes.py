@@ -10,6 +10,8 @@ import time
 
 import keras
 
+from keras_transformer._settings import replace_settings
+
 RESULTS_FILE = "results.json"
 
 
@@ -63,14 +65,7 @@ class Recipe:
     dtype: str = "float32"
 
     def replace(self, **overrides):
-        fields = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise ValueError(
-                f"Unknown recipe settings {unknown}; a recipe has "
-                f"{sorted(fields)}."
-            )
-        return dataclasses.replace(self, **overrides)
+        return replace_settings(self, overrides, "recipe settings")
 
 
 _BASE_MODEL = {

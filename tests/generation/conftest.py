@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-import keras_transformer as kt
+from tests.helpers import tiny_model
 
 PAD, UNK, START, END = 0, 1, 2, 3
 VOCABULARY_SIZE = 16
@@ -37,14 +37,11 @@ def build_tiny_model(seed=0, **kwargs):
         vocabulary_size=VOCABULARY_SIZE,
         num_encoder_layers=1,
         num_decoder_layers=1,
-        hidden_dim=32,
         num_heads=2,
-        intermediate_dim=64,
-        dropout=0.0,
         max_sequence_length=32,
     )
     config.update(kwargs)
-    return kt.Transformer(**config)
+    return tiny_model(**config)
 
 
 def train_tiny_model(epochs=4):

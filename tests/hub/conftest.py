@@ -11,6 +11,7 @@ import keras
 import pytest
 
 import keras_transformer as kt
+from tests.helpers import tiny_model
 from tests.hub.hub_server import HubServer
 
 TOKEN = "hf_alice_write_token"
@@ -52,14 +53,11 @@ def hub_translator():
         sentences=SENTENCES * 10, vocabulary_size=96, byte_fallback=False
     )
     keras.utils.set_random_seed(3)
-    model = kt.Transformer(
+    model = tiny_model(
         vocabulary_size=tokenizer.vocabulary_size,
         num_encoder_layers=1,
         num_decoder_layers=1,
-        hidden_dim=32,
         num_heads=2,
-        intermediate_dim=64,
-        dropout=0.0,
         max_sequence_length=12,
     )
     # No end token from random weights: every output has the full length.
