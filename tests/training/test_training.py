@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import time
 
 import keras
 import numpy as np
@@ -236,39 +237,34 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
 
 def test_time_limit_leaves_room_for_the_end_of_epoch_work():
     """Training plus the last epoch's end-of-epoch work fits the limit."""
-    import time
-
-    from keras_transformer.training.callbacks import TimeLimit
-
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     x = np.zeros((8, 4), "float32")
-    pause = 0.6
-    batch_times = []
-
-    class Timing(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            self._begin = time.monotonic()
-
-        def on_train_batch_end(self, batch, logs=None):
-            batch_times.append(time.monotonic() - self._begin)
-
+    pause, limit_seconds = 0.8, 3.0
+    limit = training.TimeLimit(max_minutes=limit_seconds / 60.0)
+    # The clock that TimeLimit keeps: from the first callback of `fit` to
+    # the last (data adapters and tracing before it are not counted).
+    clock = {}
+    timer = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: clock.update(begin=time.monotonic()),
+        on_train_end=lambda logs: clock.update(end=time.monotonic()),
+    )
     slow_epoch_end = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: time.sleep(pause)
     )
-    limit = TimeLimit(max_minutes=3.0 / 60.0)
-    start = time.monotonic()
     history = model.fit(
         x, x[:, :1], batch_size=1, epochs=1000, verbose=0,
-        callbacks=[limit, Timing(), slow_epoch_end],
+        callbacks=[timer, limit, slow_epoch_end],
     )
-    total = time.monotonic() - start
+    total = clock["end"] - clock["begin"]
     assert limit.stopped
     assert len(history.epoch) >= 2
     assert limit.epoch_end_seconds >= pause
-    # Without the reserve the run would overshoot by the whole pause.
-    assert total <= 3.0 + 0.3, (total, batch_times)
-    assert total >= 3.0 - 2 * pause - 0.3 - 2 * max(batch_times)
+    # Without the reserve the run would overshoot by the whole pause; the
+    # margin allows for a slow batch on a loaded machine.
+    assert total <= limit_seconds + pause / 2, total
+    # And it does not stop much earlier than it must.
+    assert total >= limit_seconds - 2 * pause - 0.5, total
 
     with pytest.raises(ValueError, match="max_minutes=0"):
-        TimeLimit(max_minutes=0)
+        training.TimeLimit(max_minutes=0)
