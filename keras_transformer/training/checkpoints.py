@@ -27,6 +27,9 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
     intervals.
 
     Files are named ``step-00012000.weights.h5`` after the optimizer step.
+    When training ends between two saves (a time limit, a step budget that
+    is not a multiple of ``save_every``), the final weights are saved too,
+    so that the last checkpoint is always the end of training.
 
     Args:
         directory: where to write the checkpoints.
@@ -58,6 +61,11 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.save_every == "epoch":
             self._save(_step(self.model))
+
+    def on_train_end(self, logs=None):
+        step = _step(self.model)
+        if self.save_every != "epoch" and step % self.save_every:
+            self._save(step)
 
     def _save(self, step):
         os.makedirs(self.directory, exist_ok=True)

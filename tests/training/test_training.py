@@ -29,6 +29,30 @@ def test_schedule_values():
     assert float(schedule(4000)) < float(schedule(3999))
 
 
+def test_schedule_cooldown():
+    paper = training.TransformerSchedule(256, warmup_steps=400, scale=0.5)
+    cooled = training.TransformerSchedule(
+        256, warmup_steps=400, scale=0.5, total_steps=1500, cooldown_steps=500
+    )
+    # The paper's rate up to step 1000 (iteration 999), then a linear fall
+    # to 1/500 of it at the last step, 1500 (iteration 1499).
+    for iteration in (0, 399, 999):
+        assert float(cooled(iteration)) == pytest.approx(
+            float(paper(iteration)), rel=1e-6
+        )
+    for iteration, left in ((1000, 500), (1249, 251), (1499, 1)):
+        assert float(cooled(iteration)) == pytest.approx(
+            float(paper(iteration)) * left / 500, rel=1e-5
+        )
+    assert float(cooled(1500)) == 0.0
+    restored = training.TransformerSchedule.from_config(cooled.get_config())
+    assert float(restored(1249)) == pytest.approx(float(cooled(1249)))
+    with pytest.raises(ValueError, match="total_steps=None"):
+        training.TransformerSchedule(256, cooldown_steps=10)
+    with pytest.raises(ValueError, match="cooldown_steps=-1"):
+        training.TransformerSchedule(256, total_steps=10, cooldown_steps=-1)
+
+
 def test_schedule_and_optimizer_serialize():
     optimizer = training.transformer_optimizer(512, warmup_steps=100)
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (
@@ -41,6 +65,8 @@ def test_schedule_and_optimizer_serialize():
         "hidden_dim": 512,
         "warmup_steps": 100,
         "scale": 1.0,
+        "total_steps": None,
+        "cooldown_steps": 0,
     }
     clone = keras.optimizers.Adam.from_config(config)
     # At iteration 0 (step 1): 512^-0.5 * 1 * 100^-1.5.
@@ -139,16 +165,17 @@ def test_keep_last_checkpoints_and_average(tmp_path):
     keep = training.KeepLastCheckpoints(directory, keep=3, save_every=2)
     model.fit(
         copy_dataset(),
-        steps_per_epoch=10,
+        steps_per_epoch=11,
         epochs=1,
         verbose=0,
         callbacks=[keep],
     )
     paths = training.list_checkpoints(directory)
+    # Every 2 steps, and the end of training (step 11) too.
     assert [os.path.basename(p) for p in paths] == [
-        "step-00000006.weights.h5",
         "step-00000008.weights.h5",
         "step-00000010.weights.h5",
+        "step-00000011.weights.h5",
     ]
     snapshots = []
     for path in paths:
