@@ -87,6 +87,9 @@ RECIPES = {
     # warmup (peak 1.56e-3 at step 400) suits so few steps, and the rate
     # cools down linearly over the last 500 of the 1,500 steps that fit
     # the hour; the last 5 checkpoints, 100 steps apart, are averaged.
+    # Length penalty 1.0 was chosen on the valid split (alpha 0.3, 0.6,
+    # 1.0, 1.5: 33.77, 33.93, 34.11, 32.19 BLEU), as the paper chose its
+    # 0.6 on its development set.
     "multi30k_en_de": Recipe(
         name="multi30k_en_de",
         dataset="multi30k",
@@ -111,6 +114,7 @@ RECIPES = {
         steps_per_epoch=300,
         checkpoint_every=100,
         average_last=5,
+        length_penalty=1.0,
         bleu_subset=100,
     ),
     # Section 6.1 and Table 3: 100k steps of ~25k source and target tokens

@@ -86,7 +86,8 @@ def test_train_command_saves_results_logs_and_a_translator(multi30k_run):
     # The run directory is a complete translator.
     translator = Translator.from_pretrained(multi30k_run)
     assert translator.generation_config.beam_size == 4
-    assert translator.generation_config.length_penalty == 0.6
+    recipe = training.get_recipe("multi30k_en_de")
+    assert translator.generation_config.length_penalty == recipe.length_penalty
     (text,) = translator.translate(["A man rides a bike."], max_length=5)
     assert isinstance(text, str)
 

@@ -280,7 +280,11 @@ def test_time_limit_leaves_room_for_the_end_of_epoch_work():
         on_epoch_end=lambda epoch, logs: time.sleep(pause)
     )
     history = model.fit(
-        x, x[:, :1], batch_size=1, epochs=1000, verbose=0,
+        x,
+        x[:, :1],
+        batch_size=1,
+        epochs=1000,
+        verbose=0,
         callbacks=[timer, limit, slow_epoch_end],
     )
     total = clock["end"] - clock["begin"]
