@@ -67,7 +67,8 @@ def _add_train(commands):
         default=[],
         metavar="KEY=VALUE",
         help="override a recipe setting; VALUE is JSON, e.g. "
-        "--set max_tokens=2048 --set 'model={\"hidden_dim\": 128}'",
+        "--set max_tokens=2048 --set model.intermediate_dim=512 (one "
+        "argument of the recipe's model; model={...} replaces them all)",
     )
     parser.add_argument(
         "--test-limit",
@@ -113,12 +114,40 @@ def _parse_overrides(items):
     return overrides
 
 
+def _recipe_overrides(args):
+    """The ``--set`` items as `Recipe` settings: ``model.KEY=VALUE``
+    changes one `Transformer` argument of the recipe's model (``model=``
+    with a JSON object replaces them all), and ``max_steps`` is the same
+    as ``--max-steps``."""
+    from keras_transformer.training import get_recipe
+
+    overrides = _parse_overrides(args.set)
+    for key in [key for key in overrides if "." in key]:
+        field, _, argument = key.partition(".")
+        if field != "model":
+            raise ValueError(
+                f"--set {key}=...: only the model's arguments take a "
+                f"dotted key (model.KEY=VALUE); set {field!r} whole."
+            )
+        model = overrides.get("model", get_recipe(args.recipe).model)
+        overrides["model"] = {**model, argument: overrides.pop(key)}
+    if "max_steps" in overrides:
+        if args.max_steps is not None:
+            raise ValueError(
+                f"--max-steps {args.max_steps} and --set "
+                f"max_steps={overrides['max_steps']} both set the number "
+                "of steps; give one."
+            )
+        args.max_steps = overrides.pop("max_steps")
+    if args.mixed_precision:
+        overrides["dtype"] = "mixed_bfloat16"
+    return overrides
+
+
 def _train(args):
     from keras_transformer.training import run_recipe
 
-    overrides = _parse_overrides(args.set)
-    if args.mixed_precision:
-        overrides["dtype"] = "mixed_bfloat16"
+    overrides = _recipe_overrides(args)
     summary = run_recipe(
         args.recipe,
         data_dir=args.data_dir,
