@@ -11,7 +11,14 @@ label-smoothed (0.1) cross entropy that ignores padding:
 - ``keras_hub``: the same architecture from `keras_hub.layers`
   (`TransformerEncoder`, `TransformerDecoder`, a tied `ReversibleEmbedding`
   shared by source, target and output, `SinePositionEncoding`), same
-  loss and optimizer.
+  loss and optimizer: the two models alone.
+- ``keras_hub_keras_loss``: the same keras_hub model trained on the same
+  objective with what Keras itself offers for it,
+  `keras.losses.CategoricalCrossentropy(from_logits=True,
+  label_smoothing=0.1)` on one-hot labels, weighted 0 on padding and
+  averaged over all positions, Keras's default (Keras's sparse cross
+  entropy has no label smoothing): the training step a
+  keras_hub user gets without this package.
 - ``torch``: `torch.nn.Transformer` (``batch_first``) with a shared tied
   embedding and sinusoids, `F.cross_entropy(label_smoothing=0.1,
   ignore_index=0)` (the same loss) and `torch.optim.Adam`; torch backend
@@ -198,6 +205,27 @@ def keras_step(model, inputs, labels):
     return step
 
 
+def keras_loss_step(model, inputs, labels, vocabulary):
+    """The label-smoothed objective with Keras's own loss: one-hot labels
+    and padding weights, as Keras's categorical cross entropy needs."""
+    import keras
+    import numpy as np
+
+    model.compile(
+        optimizer=optimizer(),
+        loss=keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=0.1
+        ),
+    )
+    one_hot = np.eye(vocabulary, dtype="float32")[labels]
+    weights = (labels != 0).astype("float32")
+
+    def step():
+        return model.train_on_batch(inputs, one_hot, sample_weight=weights)
+
+    return step
+
+
 def build_torch(config, vocabulary, bfloat16=False):
     """`torch.nn.Transformer` with a tied, shared, scaled embedding and
     sinusoidal positions; returns ``(module, step_factory)``."""
@@ -299,8 +327,16 @@ def run_config(name, args, backend):
     }
     if not args.skip_keras_hub:
         models["keras_hub"] = build_keras_hub(config, vocabulary, dtype)
+        models["keras_hub_keras_loss"] = build_keras_hub(
+            config, vocabulary, dtype
+        )
     for key, model in models.items():
-        contestants[key] = keras_step(model, inputs, labels)
+        if key == "keras_hub_keras_loss":
+            contestants[key] = keras_loss_step(
+                model, inputs, labels, vocabulary
+            )
+        else:
+            contestants[key] = keras_step(model, inputs, labels)
         params[key] = model.count_params()
     if backend == "torch" and not args.skip_torch:
         import torch

@@ -115,7 +115,7 @@ def _parse_overrides(items):
 
 
 def _recipe_overrides(args):
-    """The ``--set`` items as `Recipe` settings: ``model.KEY=VALUE``
+    """The ``--set`` items as ``(max_steps, settings)``: ``model.KEY=VALUE``
     changes one `Transformer` argument of the recipe's model (``model=``
     with a JSON object replaces them all), and ``max_steps`` is the same
     as ``--max-steps``."""
@@ -131,29 +131,30 @@ def _recipe_overrides(args):
             )
         model = overrides.get("model", get_recipe(args.recipe).model)
         overrides["model"] = {**model, argument: overrides.pop(key)}
+    max_steps = args.max_steps
     if "max_steps" in overrides:
-        if args.max_steps is not None:
+        if max_steps is not None:
             raise ValueError(
                 f"--max-steps {args.max_steps} and --set "
                 f"max_steps={overrides['max_steps']} both set the number "
                 "of steps; give one."
             )
-        args.max_steps = overrides.pop("max_steps")
+        max_steps = overrides.pop("max_steps")
     if args.mixed_precision:
         overrides["dtype"] = "mixed_bfloat16"
-    return overrides
+    return max_steps, overrides
 
 
 def _train(args):
     from keras_transformer.training import run_recipe
 
-    overrides = _recipe_overrides(args)
+    max_steps, overrides = _recipe_overrides(args)
     summary = run_recipe(
         args.recipe,
         data_dir=args.data_dir,
         output=args.output,
         max_minutes=args.max_minutes,
-        max_steps=args.max_steps,
+        max_steps=max_steps,
         seed=args.seed,
         evaluate=not args.no_evaluate,
         test_limit=args.test_limit,

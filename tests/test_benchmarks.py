@@ -32,13 +32,17 @@ def test_training_smoke(tmp_path):
     report = training.main(["--smoke", "--threads", "0", "--output", str(path)])
     assert json.loads(path.read_text())["benchmark"] == "training"
     rows = {r["contestant"]: r for r in report["configs"]["smoke"]["rows"]}
-    expected = {"ours", "keras_hub"}
+    expected = {"ours", "keras_hub", "keras_hub_keras_loss"}
     if keras.backend.backend() == "torch":
         expected.add("torch")
     assert set(rows) == expected
     # The peers are the same size: equal parameter counts, except
     # torch.nn.Transformer's two extra final LayerNorms.
     assert rows["keras_hub"]["parameters"] == rows["ours"]["parameters"]
+    assert (
+        rows["keras_hub_keras_loss"]["parameters"]
+        == (rows["ours"]["parameters"])
+    )
     if "torch" in rows:
         assert rows["torch"]["parameters"] == rows["ours"]["parameters"] + 64
     for row in rows.values():

@@ -12,6 +12,7 @@ import time
 import keras
 
 from keras_transformer._settings import replace_settings
+from keras_transformer.models import Transformer
 
 RESULTS_FILE = "results.json"
 
@@ -208,11 +209,11 @@ class RunSummary:
         )
 
 
-def _check_model_arguments(recipe, transformer_class):
+def _check_model_arguments(recipe):
     """Fails before any work on a ``model`` key that `Transformer` does
     not take (it would otherwise fail after the tokenizer is trained)."""
     from_recipe = {"vocabulary_size", "max_sequence_length", "dtype"}
-    known = set(inspect.signature(transformer_class.__init__).parameters)
+    known = set(inspect.signature(Transformer.__init__).parameters)
     known -= from_recipe | {"self", "kwargs"}
     unknown = sorted(set(recipe.model) - known)
     if unknown:
@@ -269,7 +270,6 @@ def run_recipe(
     """
     from keras_transformer import data
     from keras_transformer.generation import Translator, evaluate_bleu
-    from keras_transformer.models import Transformer
     from keras_transformer.training import (
         KeepLastCheckpoints,
         LabelSmoothedCrossEntropy,
@@ -289,7 +289,7 @@ def run_recipe(
     if max_steps is not None:
         overrides["max_steps"] = max_steps
     recipe = get_recipe(name, **overrides)
-    _check_model_arguments(recipe, Transformer)
+    _check_model_arguments(recipe)
     output = output or os.path.join("runs", recipe.name)
     engine = None
     if distribute is not None:

@@ -9,6 +9,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keras import ops
 
 from keras_transformer import training
 from tests.helpers import tiny_model, to_numpy
@@ -100,6 +103,63 @@ def test_label_smoothed_loss_on_a_hand_computed_example():
     # Without smoothing it is the plain cross entropy.
     plain = training.LabelSmoothedCrossEntropy(label_smoothing=0.0)
     assert float(plain(labels, logits)) == pytest.approx(2.5 * ln2, rel=1e-5)
+
+
+def value_and_gradient(fn, x):
+    """``fn(x)`` and its gradient with respect to ``x``, on any backend."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        value, grad = jax.value_and_grad(fn)(ops.convert_to_tensor(x))
+    elif backend == "tensorflow":
+        x = tf.convert_to_tensor(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            value = fn(x)
+        grad = tape.gradient(value, x)
+    else:
+        import torch
+
+        x = torch.tensor(x, requires_grad=True)
+        value = fn(x)
+        value.backward()
+        grad = x.grad
+    return float(to_numpy(value)), to_numpy(grad)
+
+
+@settings(deadline=None, max_examples=25)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    eps=st.sampled_from([0.0, 0.1, 0.3]),
+    vocabulary=st.integers(2, 40),
+    scale=st.sampled_from([1.0, 30.0]),
+)
+def test_smoothed_loss_and_gradient_match_the_formula(
+    seed, eps, vocabulary, scale
+):
+    """The backend's fast path gives the formula's loss and gradient
+    ``softmax(z) - target`` (over real tokens), large logits included."""
+    rng = np.random.default_rng(seed)
+    logits = (scale * rng.standard_normal((3, 5, vocabulary))).astype("float32")
+    labels = rng.integers(0, vocabulary, (3, 5))
+    labels[0, 0] = 1  # at least one real token
+    loss = training.LabelSmoothedCrossEntropy(label_smoothing=eps)
+    value, grad = value_and_gradient(lambda z: loss(labels, z), logits)
+
+    z = logits.astype("float64")
+    log_p = (
+        z
+        - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1))[..., None]
+        - z.max(-1, keepdims=True)
+    )
+    target = np.full(z.shape, eps / vocabulary)
+    np.put_along_axis(target, labels[..., None], 1 - eps + eps / vocabulary, -1)
+    real = labels != 0
+    per_token = -(target * log_p).sum(-1)
+    assert value == pytest.approx(per_token[real].mean(), rel=1e-4, abs=1e-5)
+    expected = (np.exp(log_p) - target) * real[..., None] / real.sum()
+    np.testing.assert_allclose(grad, expected, rtol=1e-3, atol=1e-6)
 
 
 def test_loss_config_round_trip():
@@ -213,50 +273,58 @@ class KillAtStep(keras.callbacks.Callback):
             raise Killed
 
 
-def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
-    kwargs = dict(total_steps=12, steps_per_epoch=4, verbose=0)
-    reference = compiled_model()
-    training.fit_resumable(
-        reference,
-        copy_dataset(),
-        directory=os.path.join(tmp_path, "a"),
-        **kwargs,
-    )
+def kill_and_resume(
+    directory, make_dataset, kill_at, vocabulary_size=20, **fit
+):
+    """Trains one run uninterrupted and another killed at step ``kill_at``
+    then resumed as a new process would (other initial weights, other
+    seed); returns the two finished models, the state the resumed run
+    started from and its history."""
 
-    directory = os.path.join(tmp_path, "b")
-    first = compiled_model()
-    with pytest.raises(Killed):
-        training.fit_resumable(
-            first,
-            copy_dataset(),
-            directory=directory,
-            callbacks=[KillAtStep(6)],
-            **kwargs,
+    def run(name, seed=0, callbacks=()):
+        model = compiled_model(seed, vocabulary_size)
+        history = training.fit_resumable(
+            model,
+            make_dataset(),
+            directory=os.path.join(directory, name),
+            callbacks=list(callbacks),
+            verbose=0,
+            **fit,
         )
-    with open(os.path.join(directory, "training_state.json")) as f:
-        state = json.load(f)
-    assert (state["step"], state["epoch"]) == (4, 1)
+        return model, history
 
-    # A new process would build a new model with other initial weights.
-    resumed = compiled_model(seed=123)
-    history = training.fit_resumable(
-        resumed, copy_dataset(), directory=directory, **kwargs
+    reference, _ = run("reference")
+    with pytest.raises(Killed):
+        run("killed", callbacks=[KillAtStep(kill_at)])
+    with open(os.path.join(directory, "killed", "training_state.json")) as f:
+        state = json.load(f)
+    resumed, history = run("killed", seed=123)
+    return reference, resumed, state, history
+
+
+def assert_same_variables(a, b):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(to_numpy(x), to_numpy(y), atol=1e-5)
+
+
+def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
+    fit = dict(total_steps=12, steps_per_epoch=4)
+    reference, resumed, state, history = kill_and_resume(
+        str(tmp_path), copy_dataset, kill_at=6, **fit
     )
+    assert (state["step"], state["epoch"]) == (4, 1)
     assert len(history.epoch) == 2  # epochs 2 and 3 of 3
     assert int(to_numpy(resumed.optimizer.iterations)) == 12
-    for a, b in zip(reference.weights, resumed.weights, strict=True):
-        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=1e-5)
+    assert_same_variables(reference.weights, resumed.weights)
     # The optimizer state was restored too.
-    for a, b in zip(
-        reference.optimizer.variables,
-        resumed.optimizer.variables,
-        strict=True,
-    ):
-        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=1e-5)
+    assert_same_variables(
+        reference.optimizer.variables, resumed.optimizer.variables
+    )
     # And a finished run does nothing when started again.
+    directory = os.path.join(tmp_path, "killed")
     assert (
         training.fit_resumable(
-            resumed, copy_dataset(), directory=directory, **kwargs
+            resumed, copy_dataset(), directory=directory, verbose=0, **fit
         )
         is None
     )
@@ -290,33 +358,28 @@ def test_killed_run_on_the_real_pipeline_ends_with_the_same_weights(
             num_buckets=2,  # few batch shapes: few XLA compilations
         )
 
-    def run(directory, seed=0, data_seed=0, callbacks=()):
-        model = compiled_model(seed, tokenizer.vocabulary_size)
-        training.fit_resumable(
-            model,
-            pipeline(data_seed),
-            directory=str(tmp_path / directory),
-            total_steps=6,
-            steps_per_epoch=2,
-            callbacks=list(callbacks),
-            verbose=0,
-        )
-        return [to_numpy(w) for w in model.weights]
-
-    reference = run("reference")
-    with pytest.raises(Killed):
-        run("killed", callbacks=[KillAtStep(3)])
-    with open(tmp_path / "killed" / "training_state.json") as f:
-        assert json.load(f)["step"] == 2  # the end of the first epoch
-    # Started again in a "new process": other initial weights and seed.
-    resumed = run("killed", seed=7)
-    for a, b in zip(reference, resumed, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    fit = dict(total_steps=6, steps_per_epoch=2)
+    reference, resumed, state, _ = kill_and_resume(
+        str(tmp_path),
+        pipeline,
+        kill_at=3,
+        vocabulary_size=tokenizer.vocabulary_size,
+        **fit,
+    )
+    assert state["step"] == 2  # the end of the first epoch
+    assert_same_variables(reference.weights, resumed.weights)
     # Other batches give other weights, so the comparison can fail.
-    other = run("other", data_seed=1)
+    other = compiled_model(0, tokenizer.vocabulary_size)
+    training.fit_resumable(
+        other,
+        pipeline(seed=1),
+        directory=str(tmp_path / "other"),
+        verbose=0,
+        **fit,
+    )
     assert not all(
-        np.allclose(a, b, atol=1e-5)
-        for a, b in zip(reference, other, strict=True)
+        np.allclose(to_numpy(a), to_numpy(b), atol=1e-5)
+        for a, b in zip(reference.weights, other.weights, strict=True)
     )
 
 
