@@ -194,10 +194,14 @@ def build_keras_hub(config, vocabulary, dtype=None):
     return keras.Model(inputs, logits, name="keras_hub_transformer")
 
 
-def keras_step(model, inputs, labels):
+def keras_step(model, inputs, labels, jit_compile="auto"):
     from keras_transformer.training import LabelSmoothedCrossEntropy
 
-    model.compile(optimizer=optimizer(), loss=LabelSmoothedCrossEntropy(0.1))
+    model.compile(
+        optimizer=optimizer(),
+        loss=LabelSmoothedCrossEntropy(0.1),
+        jit_compile=jit_compile,
+    )
 
     def step():
         return model.train_on_batch(inputs, labels)
@@ -205,7 +209,7 @@ def keras_step(model, inputs, labels):
     return step
 
 
-def keras_loss_step(model, inputs, labels, vocabulary):
+def keras_loss_step(model, inputs, labels, vocabulary, jit_compile="auto"):
     """The label-smoothed objective with Keras's own loss: one-hot labels
     and padding weights, as Keras's categorical cross entropy needs."""
     import keras
@@ -216,6 +220,7 @@ def keras_loss_step(model, inputs, labels, vocabulary):
         loss=keras.losses.CategoricalCrossentropy(
             from_logits=True, label_smoothing=0.1
         ),
+        jit_compile=jit_compile,
     )
     one_hot = np.eye(vocabulary, dtype="float32")[labels]
     weights = (labels != 0).astype("float32")
@@ -333,10 +338,12 @@ def run_config(name, args, backend):
     for key, model in models.items():
         if key == "keras_hub_keras_loss":
             contestants[key] = keras_loss_step(
-                model, inputs, labels, vocabulary
+                model, inputs, labels, vocabulary, args.jit_compile
             )
         else:
-            contestants[key] = keras_step(model, inputs, labels)
+            contestants[key] = keras_step(
+                model, inputs, labels, args.jit_compile
+            )
         params[key] = model.count_params()
     if backend == "torch" and not args.skip_torch:
         import torch
@@ -350,9 +357,10 @@ def run_config(name, args, backend):
 
     flops = train_flops(config, batch, source_length, target_length, vocabulary)
     # Warm-up: compiles (JAX, TensorFlow) and allocates.
-    first_step_s = {}
+    first_step_s, jit_compile = {}, {}
     for key, step in contestants.items():
         first_step_s[key] = _common.timed(step)
+        jit_compile[key] = getattr(models.get(key), "jit_compile", False)
         step()
 
     def measure(step):
@@ -383,6 +391,7 @@ def run_config(name, args, backend):
         row["tokens_per_s"] = real_tokens / step_s
         row["tflops"] = flops / step_s / 1e12
         row["first_step_s"] = first_step_s[key]
+        row["jit_compile"] = jit_compile[key]
         if probe:
             fractions = [
                 flops / s / p for s, p in zip(per_round, probe, strict=True)
@@ -410,6 +419,14 @@ def parse_args(argv=None):
         "--dtype", default="float32", choices=("float32", "mixed_bfloat16")
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--jit-compile",
+        default="auto",
+        choices=("auto", "true", "false"),
+        help="`compile(jit_compile=...)` of every Keras contestant: auto "
+        "(Keras's choice: XLA on JAX, not on TensorFlow without a GPU, "
+        "eager torch), true or false",
+    )
     parser.add_argument("--probe-size", type=int, default=2048)
     parser.add_argument("--skip-keras-hub", action="store_true")
     parser.add_argument("--skip-torch", action="store_true")
@@ -421,6 +438,9 @@ def parse_args(argv=None):
         help="a one-layer, 16-wide model, one round of one step",
     )
     args = parser.parse_args(argv)
+    args.jit_compile = {"true": True, "false": False}.get(
+        args.jit_compile, args.jit_compile
+    )
     if args.smoke:
         args.configs, args.rounds, args.steps = ["smoke"], 1, 1
         args.vocabulary_size, args.probe_size = 64, 128
@@ -442,11 +462,15 @@ def main(argv=None):
         "machine": _common.machine(),
         "threads": args.threads,
         "dtype": args.dtype,
+        "jit_compile": args.jit_compile,
         "rounds": args.rounds,
         "steps_per_round": args.steps,
         "configs": {},
     }
-    print(f"backend {backend}, threads {args.threads}, dtype {args.dtype}")
+    print(
+        f"backend {backend}, threads {args.threads}, dtype {args.dtype}, "
+        f"jit_compile {args.jit_compile}"
+    )
     for name in args.configs:
         result = run_config(name, args, backend)
         report["configs"][name] = result
