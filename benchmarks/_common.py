@@ -6,6 +6,7 @@ XLA flag is read once, at start-up), so the benchmark modules call it at
 import time of `main`, before importing `keras`.
 """
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -83,12 +84,22 @@ def machine():
 
     info["keras"] = keras.__version__
     info["backend"] = keras.backend.backend()
-    for name in ("jax", "tensorflow", "torch", "keras_hub", "numpy"):
-        try:
-            module = __import__(name)
-            info[name] = module.__version__
-        except ImportError:
-            pass
+    # From the installed metadata: importing the other frameworks would
+    # start their thread pools inside the process being measured.
+    distributions = {
+        "jax": ("jax",),
+        "tensorflow": ("tensorflow", "tensorflow-cpu"),
+        "torch": ("torch",),
+        "keras_hub": ("keras-hub",),
+        "numpy": ("numpy",),
+    }
+    for name, candidates in distributions.items():
+        for distribution in candidates:
+            try:
+                info[name] = importlib.metadata.version(distribution)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                pass
     return info
 
 

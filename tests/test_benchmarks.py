@@ -40,8 +40,7 @@ def test_training_smoke(tmp_path):
     # torch.nn.Transformer's two extra final LayerNorms.
     assert rows["keras_hub"]["parameters"] == rows["ours"]["parameters"]
     assert (
-        rows["keras_hub_keras_loss"]["parameters"]
-        == (rows["ours"]["parameters"])
+        rows["keras_hub_keras_loss"]["parameters"] == rows["ours"]["parameters"]
     )
     if "torch" in rows:
         assert rows["torch"]["parameters"] == rows["ours"]["parameters"] + 64

@@ -15,7 +15,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     Padding is ignored: positions whose label is ``pad_id`` weigh nothing,
     and the loss is averaged over real tokens only (the sum of the sample
     weights), not over the padded batch. A ``sample_weight`` from the
-    pipeline (0 on padding) gives the same result.
+    pipeline (0 on padding) gives the same result. A label outside
+    ``[0, vocabulary_size)`` raises on TensorFlow (outside XLA) and torch
+    and makes the loss NaN on JAX.
 
     Args:
         label_smoothing: eps_ls, 0.1 in the paper.
@@ -111,6 +113,20 @@ def _smoothed_cross_entropy(labels, logits, eps):
         import tensorflow as tf
 
         vocabulary = tf.shape(logits)[-1]
+        # A label outside the vocabulary would make a one-hot row of
+        # zeros (a wrong loss, no error); torch raises, JAX gives NaN
+        # (below). XLA drops the check, as it drops every assertion.
+        tf.debugging.assert_less(
+            labels,
+            vocabulary,
+            message="LabelSmoothedCrossEntropy: labels must be below the "
+            "vocabulary size (the last axis of the logits); check that the "
+            "labels and the model's vocabulary_size match",
+        )
+        tf.debugging.assert_non_negative(
+            labels,
+            message="LabelSmoothedCrossEntropy: labels must not be negative",
+        )
         off = eps / tf.cast(vocabulary, "float32")
         targets = tf.one_hot(
             labels, vocabulary, on_value=1.0 - eps + off, off_value=off
@@ -120,6 +136,10 @@ def _smoothed_cross_entropy(labels, logits, eps):
     reference = ops.squeeze(
         ops.take_along_axis(logits, labels[..., None], axis=-1), -1
     )
+    # A compiled JAX step cannot raise: a label outside the vocabulary
+    # (which take_along_axis would wrap or clip) makes the loss NaN.
+    inside = ops.logical_and(labels >= 0, labels < ops.shape(logits)[-1])
+    reference = ops.where(inside, reference, float("nan"))
     loss = lse - (1.0 - eps) * reference
     if eps:
         loss = loss - eps * ops.mean(logits, axis=-1)

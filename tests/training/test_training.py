@@ -162,6 +162,21 @@ def test_smoothed_loss_and_gradient_match_the_formula(
     np.testing.assert_allclose(grad, expected, rtol=1e-3, atol=1e-6)
 
 
+def test_labels_outside_the_vocabulary_are_not_silent():
+    logits = np.zeros((1, 2, 5), "float32")
+    loss = training.LabelSmoothedCrossEntropy(0.1)
+    for bad in (5, -1):
+        labels = np.array([[1, bad]])
+        if keras.backend.backend() == "jax":
+            # No error inside a compiled step on JAX; the loss is NaN.
+            assert not np.isfinite(float(loss(labels, logits)))
+        else:
+            with pytest.raises(
+                Exception, match=r"(?i)vocabulary|bounds|negative"
+            ):
+                loss(labels, logits)
+
+
 def test_loss_config_round_trip():
     loss = training.LabelSmoothedCrossEntropy(0.2, pad_id=None)
     clone = training.LabelSmoothedCrossEntropy.from_config(loss.get_config())
