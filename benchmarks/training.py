@@ -1,7 +1,8 @@
 """Training throughput against peers of the same size, on one backend.
 
     KERAS_BACKEND=jax python -m benchmarks.training [--configs tiny base]
-        [--rounds 5] [--steps 2] [--output FILE.json] [--smoke]
+        [--rounds 5] [--steps 2] [--with-mixed-bfloat16] [--output FILE.json]
+        [--smoke]
 
 Contestants, all with the same sizes, dropout, Adam(0.9, 0.98, 1e-9) and
 label-smoothed (0.1) cross entropy that ignores padding:
@@ -23,6 +24,12 @@ label-smoothed (0.1) cross entropy that ignores padding:
   embedding and sinusoids, `F.cross_entropy(label_smoothing=0.1,
   ignore_index=0)` (the same loss) and `torch.optim.Adam`; torch backend
   only.
+- ``ours_mixed_bfloat16`` (with ``--with-mixed-bfloat16``): ours again
+  under Keras's ``mixed_bfloat16`` policy (bfloat16 matmuls, float32
+  variables and loss), against ``ours`` in float32: whether the policy
+  pays on this machine, which needs bfloat16 units (AMX-BF16 or
+  AVX512-BF16 in ``machine()["cpu_flags"]``) and a backend whose CPU
+  kernels use them.
 
 Every round times ``--steps`` steps of each contestant in alternating
 order, plus a float32 matrix-multiply probe; throughput is real (non-
@@ -326,10 +333,14 @@ def run_config(name, args, backend):
     )
     dtype = None if args.dtype == "float32" else args.dtype
     keras.utils.set_random_seed(0)
-    contestants, params = {}, {}
+    contestants, params, policies = {}, {}, {}
     models = {
         "ours": build_ours(config, vocabulary, dtype),
     }
+    if args.with_mixed_bfloat16:
+        models["ours_mixed_bfloat16"] = build_ours(
+            config, vocabulary, "mixed_bfloat16"
+        )
     if not args.skip_keras_hub:
         models["keras_hub"] = build_keras_hub(config, vocabulary, dtype)
         models["keras_hub_keras_loss"] = build_keras_hub(
@@ -345,6 +356,7 @@ def run_config(name, args, backend):
                 model, inputs, labels, args.jit_compile
             )
         params[key] = model.count_params()
+        policies[key] = model.dtype_policy.name
     if backend == "torch" and not args.skip_torch:
         import torch
 
@@ -354,6 +366,7 @@ def run_config(name, args, backend):
         )
         contestants["torch"] = factory(inputs, labels)
         params["torch"] = sum(p.numel() for p in module.parameters())
+        policies["torch"] = args.dtype
 
     flops = train_flops(config, batch, source_length, target_length, vocabulary)
     # Warm-up: compiles (JAX, TensorFlow) and allocates.
@@ -385,7 +398,12 @@ def run_config(name, args, backend):
     tokens = {k: [real_tokens / s for s in v] for k, v in times.items()}
     for key, per_round in times.items():
         step_s = statistics.median(per_round)
-        row = dict(row_base, contestant=key, parameters=params[key])
+        row = dict(
+            row_base,
+            contestant=key,
+            parameters=params[key],
+            dtype_policy=policies[key],
+        )
         row["step_s"] = step_s
         row["step_s_per_round"] = per_round
         row["tokens_per_s"] = real_tokens / step_s
@@ -400,6 +418,8 @@ def run_config(name, args, backend):
             row["probe_fraction_per_round"] = fractions
         if key != "ours":
             row["ours_speedup"] = _common.ratios(tokens, "ours", key)
+        if key == "ours_mixed_bfloat16":
+            row["speedup_over_float32"] = _common.ratios(tokens, key, "ours")
         rows.append(row)
     result = {"rows": rows}
     if probe:
@@ -417,6 +437,12 @@ def parse_args(argv=None):
     parser.add_argument("--vocabulary-size", type=int, default=8000)
     parser.add_argument(
         "--dtype", default="float32", choices=("float32", "mixed_bfloat16")
+    )
+    parser.add_argument(
+        "--with-mixed-bfloat16",
+        action="store_true",
+        help="also time ours under the mixed_bfloat16 policy, against "
+        "ours in float32 (needs --dtype float32)",
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument(
@@ -441,6 +467,11 @@ def parse_args(argv=None):
     args.jit_compile = {"true": True, "false": False}.get(
         args.jit_compile, args.jit_compile
     )
+    if args.with_mixed_bfloat16 and args.dtype != "float32":
+        parser.error(
+            f"--with-mixed-bfloat16 compares against float32; --dtype is "
+            f"{args.dtype!r}. Drop one of the two."
+        )
     if args.smoke:
         args.configs, args.rounds, args.steps = ["smoke"], 1, 1
         args.vocabulary_size, args.probe_size = 64, 128

@@ -105,3 +105,36 @@ def test_matmul_probe_smoke():
     assert report["bfloat16_speedup"] == pytest.approx(
         report["bfloat16_gflops"] / report["float32_gflops"]
     )
+
+
+def test_training_smoke_against_mixed_bfloat16(tmp_path):
+    report = training.main(
+        [
+            "--smoke",
+            "--threads",
+            "0",
+            "--with-mixed-bfloat16",
+            "--skip-keras-hub",
+            "--skip-torch",
+        ]
+    )
+    rows = {r["contestant"]: r for r in report["configs"]["smoke"]["rows"]}
+    assert set(rows) == {"ours", "ours_mixed_bfloat16"}
+    assert rows["ours"]["dtype_policy"] == "float32"
+    bfloat16 = rows["ours_mixed_bfloat16"]
+    assert bfloat16["dtype_policy"] == "mixed_bfloat16"
+    assert bfloat16["parameters"] == rows["ours"]["parameters"]
+    # The speed-up of the policy is the inverse of ours against it.
+    assert bfloat16["speedup_over_float32"]["median"] == pytest.approx(
+        1 / bfloat16["ours_speedup"]["median"]
+    )
+
+
+def test_mixed_bfloat16_contestant_needs_float32(capsys):
+    with pytest.raises(SystemExit):
+        training.parse_args(
+            ["--with-mixed-bfloat16", "--dtype", "mixed_bfloat16"]
+        )
+    assert "--with-mixed-bfloat16 compares against float32" in (
+        capsys.readouterr().err
+    )

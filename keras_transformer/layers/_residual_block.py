@@ -1,6 +1,7 @@
 import keras
 
 from keras_transformer.layers._utils import (
+    apply_dropout,
     check_positive,
     check_rate,
     clone_initializer,
@@ -100,7 +101,7 @@ class ResidualBlockBase(keras.layers.Layer):
         extras = ()
         if isinstance(results, tuple):
             results, extras = results[0], results[1:]
-        x = x + dropout(results, training=training)
+        x = x + apply_dropout(dropout, results, training)
         if not self.normalize_first:
             x = norm(x)
         return (x,) + extras

@@ -26,3 +26,18 @@ def check_positive(name, value):
     if int(value) != value or int(value) < 1:
         raise ValueError(f"{name}={value} must be a positive integer.")
     return int(value)
+
+
+def apply_dropout(dropout, x, training):
+    """``dropout(x, training=training)``, skipped when ``training`` is
+    False, where a `keras.layers.Dropout` is the identity anyway.
+
+    Skipping the call saves a Keras layer call per sublayer: on torch,
+    which runs a decoding step eagerly, the bookkeeping of a layer call
+    costs more than a one-token step's math. With ``training`` None
+    (building a functional graph, or a call left to the layer's default)
+    the layer is still called.
+    """
+    if training is False:
+        return x
+    return dropout(x, training=training)

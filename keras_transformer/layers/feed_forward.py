@@ -1,6 +1,7 @@
 import keras
 
 from keras_transformer.layers._utils import (
+    apply_dropout,
     check_positive,
     check_rate,
     clone_initializer,
@@ -89,7 +90,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         x = self.intermediate_dense(inputs)
-        x = self.intermediate_dropout(x, training=training)
+        x = apply_dropout(self.intermediate_dropout, x, training)
         return self.output_dense(x)
 
     def compute_output_shape(self, input_shape):

@@ -7,7 +7,11 @@ from keras_transformer.layers import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,
 )
-from keras_transformer.layers._utils import check_positive, check_rate
+from keras_transformer.layers._utils import (
+    apply_dropout,
+    check_positive,
+    check_rate,
+)
 from keras_transformer.layers.output_bias import OutputBias
 from keras_transformer.models.configs import get_config as get_named_config
 
@@ -257,6 +261,11 @@ class Transformer(keras.Model):
         )
         logits = self._logits(decoder_output)
         super().__init__(inputs=inputs, outputs=logits, dtype=dtype, **kwargs)
+        if dtype is not None:
+            # A functional model's `__init__` drops `dtype`: without this
+            # the model would report (and `get_config` save) the global
+            # policy while its layers compute under `dtype`.
+            self.dtype_policy = dtype
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -284,7 +293,7 @@ class Transformer(keras.Model):
     def _encode(self, token_ids, padding_mask, training=None):
         x = self.encoder_token_embedding(token_ids)
         x = x + self.encoder_position_encoding(x)
-        x = self.encoder_embedding_dropout(x, training=training)
+        x = apply_dropout(self.encoder_embedding_dropout, x, training)
         for layer in self.encoder_layers:
             x = layer(x, padding_mask=padding_mask, training=training)
         if self.encoder_final_norm is not None:
@@ -304,7 +313,7 @@ class Transformer(keras.Model):
         x = self.decoder_token_embedding(token_ids)
         start = 0 if cache_update_index is None else cache_update_index
         x = x + self.decoder_position_encoding(x, start_index=start)
-        x = self.decoder_embedding_dropout(x, training=training)
+        x = apply_dropout(self.decoder_embedding_dropout, x, training)
         new_self_cache = []
         for i, layer in enumerate(self.decoder_layers):
             if cache is None:

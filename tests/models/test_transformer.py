@@ -46,6 +46,22 @@ def test_config_round_trip(rng):
     )
 
 
+def test_dtype_argument_is_the_models_policy_and_is_saved(tmp_path):
+    # The global policy stays float32: only the argument asks for bfloat16.
+    model = tiny_model(dtype="mixed_bfloat16")
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    assert model.compute_dtype == "bfloat16"
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    for clone in (
+        kt.Transformer.from_config(model.get_config()),
+        keras.saving.load_model(path),
+    ):
+        assert clone.dtype_policy.name == "mixed_bfloat16"
+        policies = {layer.dtype_policy.name for layer in clone.decoder_layers}
+        assert policies == {"mixed_bfloat16"}
+
+
 def test_keras_file_save_and_load(rng, tmp_path):
     model = tiny_model()
     batch = random_batch(rng)
