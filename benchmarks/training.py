@@ -8,11 +8,13 @@ Contestants, all with the same sizes, dropout, Adam(0.9, 0.98, 1e-9) and
 label-smoothed (0.1) cross entropy that ignores padding:
 
 - ``ours``: `keras_transformer.Transformer` (`from_config_name`), compiled
-  with `LabelSmoothedCrossEntropy`, one `train_on_batch` per step.
+  with `LabelSmoothedCrossEntropy` and our `training.Adam` (what
+  `transformer_optimizer` and the recipes use), one `train_on_batch` per
+  step.
 - ``keras_hub``: the same architecture from `keras_hub.layers`
   (`TransformerEncoder`, `TransformerDecoder`, a tied `ReversibleEmbedding`
   shared by source, target and output, `SinePositionEncoding`), same
-  loss and optimizer: the two models alone.
+  loss, with `keras.optimizers.Adam`.
 - ``keras_hub_keras_loss``: the same keras_hub model trained on the same
   objective with what Keras itself offers for it,
   `keras.losses.CategoricalCrossentropy(from_logits=True,
@@ -24,6 +26,10 @@ label-smoothed (0.1) cross entropy that ignores padding:
   embedding and sinusoids, `F.cross_entropy(label_smoothing=0.1,
   ignore_index=0)` (the same loss) and `torch.optim.Adam`; torch backend
   only.
+- ``ours_keras_adam`` (torch only): ours with `keras.optimizers.Adam`
+  instead of our `training.Adam`, which has the same update but a
+  faster torch implementation (elsewhere the two run the same code):
+  the model alone, against keras_hub with the same optimizer.
 - ``ours_mixed_bfloat16`` (with ``--with-mixed-bfloat16``): ours again
   under Keras's ``mixed_bfloat16`` policy (bfloat16 matmuls, float32
   variables and loss), against ``ours`` in float32: whether the policy
@@ -117,12 +123,15 @@ def make_batch(batch, source_length, target_length, vocabulary, seed=0):
     return inputs, labels, real_tokens
 
 
-def optimizer(learning_rate=1e-4):
+def optimizer(learning_rate=1e-4, ours=False):
+    """Adam(0.9, 0.98, 1e-9): Keras's, or ours (`training.Adam`, the
+    same update, faster on torch)."""
     import keras
 
-    return keras.optimizers.Adam(
-        learning_rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9
-    )
+    from keras_transformer import training
+
+    adam = training.Adam if ours else keras.optimizers.Adam
+    return adam(learning_rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
 
 
 def build_ours(config, vocabulary, dtype=None):
@@ -201,11 +210,11 @@ def build_keras_hub(config, vocabulary, dtype=None):
     return keras.Model(inputs, logits, name="keras_hub_transformer")
 
 
-def keras_step(model, inputs, labels, jit_compile="auto"):
+def keras_step(model, inputs, labels, jit_compile="auto", our_adam=False):
     from keras_transformer.training import LabelSmoothedCrossEntropy
 
     model.compile(
-        optimizer=optimizer(),
+        optimizer=optimizer(ours=our_adam),
         loss=LabelSmoothedCrossEntropy(0.1),
         jit_compile=jit_compile,
     )
@@ -333,10 +342,13 @@ def run_config(name, args, backend):
     )
     dtype = None if args.dtype == "float32" else args.dtype
     keras.utils.set_random_seed(0)
-    contestants, params, policies = {}, {}, {}
+    contestants, params, policies, optimizers = {}, {}, {}, {}
     models = {
         "ours": build_ours(config, vocabulary, dtype),
     }
+    if backend == "torch":
+        # Our Adam differs from Keras's only on torch (`training.Adam`).
+        models["ours_keras_adam"] = build_ours(config, vocabulary, dtype)
     if args.with_mixed_bfloat16:
         models["ours_mixed_bfloat16"] = build_ours(
             config, vocabulary, "mixed_bfloat16"
@@ -352,11 +364,13 @@ def run_config(name, args, backend):
                 model, inputs, labels, vocabulary, args.jit_compile
             )
         else:
+            our_adam = key in ("ours", "ours_mixed_bfloat16")
             contestants[key] = keras_step(
-                model, inputs, labels, args.jit_compile
+                model, inputs, labels, args.jit_compile, our_adam
             )
         params[key] = model.count_params()
         policies[key] = model.dtype_policy.name
+        optimizers[key] = type(model.optimizer).__module__.split(".")[0]
     if backend == "torch" and not args.skip_torch:
         import torch
 
@@ -367,6 +381,7 @@ def run_config(name, args, backend):
         contestants["torch"] = factory(inputs, labels)
         params["torch"] = sum(p.numel() for p in module.parameters())
         policies["torch"] = args.dtype
+        optimizers["torch"] = "torch"
 
     flops = train_flops(config, batch, source_length, target_length, vocabulary)
     # Warm-up: compiles (JAX, TensorFlow) and allocates.
@@ -403,6 +418,7 @@ def run_config(name, args, backend):
             contestant=key,
             parameters=params[key],
             dtype_policy=policies[key],
+            optimizer=optimizers[key],
         )
         row["step_s"] = step_s
         row["step_s_per_round"] = per_round

@@ -10,12 +10,14 @@ from keras_transformer.training.checkpoints import (
 )
 from keras_transformer.training.losses import LabelSmoothedCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.training.optimizers import Adam
 from keras_transformer.training.schedule import (
     TransformerSchedule,
     transformer_optimizer,
 )
 
 __all__ = [
+    "Adam",
     "KeepLastCheckpoints",
     "LabelSmoothedCrossEntropy",
     "MaskedAccuracy",
