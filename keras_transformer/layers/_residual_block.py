@@ -2,6 +2,7 @@ import keras
 
 from keras_transformer.layers._utils import (
     apply_dropout,
+    call_layer,
     check_positive,
     check_rate,
     clone_initializer,
@@ -96,14 +97,14 @@ class ResidualBlockBase(keras.layers.Layer):
         ``sublayer`` may return a tuple whose first element is the output;
         the rest is passed through, e.g. attention weights and caches.
         """
-        h = norm(x) if self.normalize_first else x
+        h = call_layer(norm, x) if self.normalize_first else x
         results = sublayer(h)
         extras = ()
         if isinstance(results, tuple):
             results, extras = results[0], results[1:]
         x = x + apply_dropout(dropout, results, training)
         if not self.normalize_first:
-            x = norm(x)
+            x = call_layer(norm, x)
         return (x,) + extras
 
     def get_config(self):

@@ -1,3 +1,6 @@
+import contextlib
+import threading
+
 import keras
 
 
@@ -40,4 +43,48 @@ def apply_dropout(dropout, x, training):
     """
     if training is False:
         return x
-    return dropout(x, training=training)
+    return call_layer(dropout, x, training=training)
+
+
+_direct = threading.local()
+
+
+@contextlib.contextmanager
+def direct_sublayer_calls():
+    """Within this context, the layers of this package call their built
+    sublayers' ``call`` directly instead of through `Layer.__call__`.
+
+    For inference on eager backends only (decoding on torch): there a
+    one-token decoder step makes about a hundred layer calls, and the
+    bookkeeping of `Layer.__call__` (input conversion, signature binding,
+    training and mask resolution, name scopes) costs more than the step's
+    arithmetic. None of that bookkeeping changes the result of an already
+    built float32 layer called with tensors and explicit arguments. Layers
+    for which it does (quantized layers, mixed-precision policies, which
+    need `Layer.__call__`'s autocasting) are still called through
+    `Layer.__call__`; see `call_layer`.
+    """
+    previous = getattr(_direct, "enabled", False)
+    _direct.enabled = True
+    try:
+        yield
+    finally:
+        _direct.enabled = previous
+
+
+def call_layer(layer, *args, **kwargs):
+    """``layer(*args, **kwargs)``, or ``layer.call(*args, **kwargs)``
+    inside `direct_sublayer_calls` when that gives the same result: the
+    layer is built, not quantized, and computes in its variables' dtype."""
+    if getattr(_direct, "enabled", False) and _calls_directly(layer):
+        return layer.call(*args, **kwargs)
+    return layer(*args, **kwargs)
+
+
+def _calls_directly(layer):
+    policy = layer.dtype_policy
+    return (
+        layer.built
+        and policy.quantization_mode is None
+        and policy.compute_dtype == policy.variable_dtype
+    )

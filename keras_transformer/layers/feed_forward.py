@@ -2,6 +2,7 @@ import keras
 
 from keras_transformer.layers._utils import (
     apply_dropout,
+    call_layer,
     check_positive,
     check_rate,
     clone_initializer,
@@ -89,9 +90,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        x = self.intermediate_dense(inputs)
+        x = call_layer(self.intermediate_dense, inputs)
         x = apply_dropout(self.intermediate_dropout, x, training)
-        return self.output_dense(x)
+        return call_layer(self.output_dense, x)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -9,6 +9,7 @@ from keras_transformer.layers import (
 )
 from keras_transformer.layers._utils import (
     apply_dropout,
+    call_layer,
     check_positive,
     check_rate,
 )
@@ -291,13 +292,15 @@ class Transformer(keras.Model):
     # --- the three stages, shared by the graph and the decoding entry points
 
     def _encode(self, token_ids, padding_mask, training=None):
-        x = self.encoder_token_embedding(token_ids)
-        x = x + self.encoder_position_encoding(x)
+        x = call_layer(self.encoder_token_embedding, token_ids)
+        x = x + call_layer(self.encoder_position_encoding, x)
         x = apply_dropout(self.encoder_embedding_dropout, x, training)
         for layer in self.encoder_layers:
-            x = layer(x, padding_mask=padding_mask, training=training)
+            x = call_layer(
+                layer, x, padding_mask=padding_mask, training=training
+            )
         if self.encoder_final_norm is not None:
-            x = self.encoder_final_norm(x)
+            x = call_layer(self.encoder_final_norm, x)
         return x
 
     def _decode(
@@ -310,14 +313,15 @@ class Transformer(keras.Model):
         cache_update_index=None,
         training=None,
     ):
-        x = self.decoder_token_embedding(token_ids)
+        x = call_layer(self.decoder_token_embedding, token_ids)
         start = 0 if cache_update_index is None else cache_update_index
-        x = x + self.decoder_position_encoding(x, start_index=start)
+        x = x + call_layer(self.decoder_position_encoding, x, start_index=start)
         x = apply_dropout(self.decoder_embedding_dropout, x, training)
         new_self_cache = []
         for i, layer in enumerate(self.decoder_layers):
             if cache is None:
-                x = layer(
+                x = call_layer(
+                    layer,
                     x,
                     encoder_output,
                     decoder_padding_mask=padding_mask,
@@ -325,7 +329,8 @@ class Transformer(keras.Model):
                     training=training,
                 )
             else:
-                x, layer_cache = layer(
+                x, layer_cache = call_layer(
+                    layer,
                     x,
                     decoder_padding_mask=padding_mask,
                     encoder_padding_mask=encoder_padding_mask,
@@ -336,7 +341,7 @@ class Transformer(keras.Model):
                 )
                 new_self_cache.append(layer_cache)
         if self.decoder_final_norm is not None:
-            x = self.decoder_final_norm(x)
+            x = call_layer(self.decoder_final_norm, x)
         if cache is None:
             return x
         cache = dict(cache, self_attention=ops.stack(new_self_cache, axis=1))
@@ -344,12 +349,14 @@ class Transformer(keras.Model):
 
     def _logits(self, decoder_output):
         if self.output_projection is None:
-            logits = self.decoder_token_embedding(decoder_output, reverse=True)
+            logits = call_layer(
+                self.decoder_token_embedding, decoder_output, reverse=True
+            )
         else:
-            logits = self.output_projection(decoder_output)
+            logits = call_layer(self.output_projection, decoder_output)
         if self.output_bias is not None:
-            logits = self.output_bias(logits)
-        return self.logits_cast(logits)
+            logits = call_layer(self.output_bias, logits)
+        return call_layer(self.logits_cast, logits)
 
     # --- input checks
 

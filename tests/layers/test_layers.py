@@ -9,6 +9,11 @@ import pytest
 from keras import ops
 
 from keras_transformer import layers
+from keras_transformer.layers._utils import (
+    _calls_directly,
+    call_layer,
+    direct_sublayer_calls,
+)
 from tests.helpers import to_numpy
 
 HIDDEN = 32
@@ -86,6 +91,72 @@ def test_keras_file_save_and_load(name, rng, tmp_path):
     np.testing.assert_allclose(
         to_numpy(loaded(args)), to_numpy(model(args)), atol=1e-6
     )
+
+
+@pytest.mark.parametrize("name", LAYER_NAMES)
+def test_direct_sublayer_calls_change_no_output(name, rng):
+    layer = make(name)
+    args = inputs_for(name, rng)
+    expected = to_numpy(layer(*args))
+    with direct_sublayer_calls():
+        direct = to_numpy(layer(*args))
+    np.testing.assert_allclose(direct, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_direct_calls_keep_keras_path_where_it_changes_results(rng):
+    """Mixed precision needs `Layer.__call__`'s autocasting and quantized
+    layers its `quantized_call`: called directly, both would compute in
+    float32 with the float32 kernel."""
+    x = ops.convert_to_tensor(rng.normal(size=(2, 3, 16)).astype("float32"))
+    plain = keras.layers.Dense(8)
+    mixed = keras.layers.Dense(8, dtype="mixed_bfloat16")
+    quantized = keras.layers.Dense(8)
+    unbuilt = keras.layers.Dense(8)
+    for layer in (plain, mixed, quantized):
+        layer.build(x.shape)
+    quantized.quantize("int8")
+    assert [_calls_directly(layer) for layer in (plain, mixed, quantized)] == [
+        True,
+        False,
+        False,
+    ]
+    assert not _calls_directly(unbuilt)
+
+    with direct_sublayer_calls():
+        outputs = [call_layer(layer, x) for layer in (plain, mixed, quantized)]
+        call_layer(unbuilt, x)  # builds it, through `Layer.__call__`
+    assert unbuilt.built
+    assert keras.backend.standardize_dtype(outputs[1].dtype) == "bfloat16"
+    for layer, output in zip((plain, mixed, quantized), outputs, strict=True):
+        np.testing.assert_array_equal(
+            to_numpy(ops.cast(output, "float32")),
+            to_numpy(ops.cast(layer(x), "float32")),
+        )
+    assert not np.allclose(to_numpy(outputs[2]), to_numpy(plain.call(x)))
+
+
+@pytest.mark.parametrize("batch,length", [(1, 1), (3, 7), (2, 1)])
+def test_head_projections_are_keras_einsum_dense(batch, length, rng):
+    """The attention projections compute `EinsumDense`'s einsum as a
+    matmul; same result, with biases, at one token and at several."""
+    attention = layers.MultiHeadAttention(num_heads=4)
+    attention.build((None, None, HIDDEN))
+    attention.set_weights(
+        [rng.normal(size=w.shape).astype("float32") for w in attention.weights]
+    )
+    x = rng.normal(size=(batch, length, HIDDEN)).astype("float32")
+    heads = rng.normal(size=(batch, length, 4, HIDDEN // 4)).astype("float32")
+    for dense, inputs in (
+        (attention.query_dense, x),
+        (attention.key_dense, x),
+        (attention.output_dense, heads),
+    ):
+        expected = keras.layers.EinsumDense.call(dense, inputs)
+        output = dense(inputs)
+        assert tuple(output.shape) == tuple(expected.shape)
+        np.testing.assert_allclose(
+            to_numpy(output), to_numpy(expected), rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("name", ["attention", "encoder", "decoder"])

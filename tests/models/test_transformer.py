@@ -1,5 +1,6 @@
 """The functional Transformer: saving, masks, cache, training, errors."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import keras_transformer as kt
+from keras_transformer.layers._utils import direct_sublayer_calls
 from tests.helpers import random_batch, tiny_model, to_numpy
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -218,29 +220,35 @@ def test_cross_attention_uses_the_source_padding_mask(mask_model, rng):
 # --- incremental decoding
 
 
-@settings(max_examples=8, deadline=None)
-@given(lengths, st.booleans())
-def test_cached_decoding_equals_the_full_decoder(shapes, normalize_first):
+@settings(max_examples=10, deadline=None)
+@given(lengths, st.booleans(), st.booleans())
+def test_cached_decoding_equals_the_full_decoder(
+    shapes, normalize_first, direct
+):
+    """Also with ``direct_sublayer_calls``, as decoding on torch runs."""
     batch_size, source_length, target_length, seed = shapes
     model = _cache_models[normalize_first]
     rng = np.random.default_rng(seed)
     batch = random_batch(rng, batch_size, source_length, target_length)
     batch["decoder_padding_mask"][:] = 1
     full = logits_of(model, batch)
-    encoder_output = model.encode(
-        batch["encoder_token_ids"], batch["encoder_padding_mask"]
-    )
-    cache = model.init_cache(encoder_output, max_length=target_length + 2)
-    for t in range(target_length):
-        step, cache = model.decode(
-            batch["decoder_token_ids"][:, t : t + 1],
-            cache,
-            keras.ops.convert_to_tensor(t, "int32"),
-            batch["encoder_padding_mask"],
+    context = direct_sublayer_calls() if direct else contextlib.nullcontext()
+    with context:
+        encoder_output = model.encode(
+            batch["encoder_token_ids"], batch["encoder_padding_mask"]
         )
-        np.testing.assert_allclose(
-            to_numpy(step)[:, 0], full[:, t], atol=1e-5, rtol=1e-5
-        )
+        cache = model.init_cache(encoder_output, max_length=target_length + 2)
+        steps = []
+        for t in range(target_length):
+            step, cache = model.decode(
+                batch["decoder_token_ids"][:, t : t + 1],
+                cache,
+                keras.ops.convert_to_tensor(t, "int32"),
+                batch["encoder_padding_mask"],
+            )
+            steps.append(to_numpy(step)[:, 0])
+    for t, step in enumerate(steps):
+        np.testing.assert_allclose(step, full[:, t], atol=1e-5, rtol=1e-5)
 
 
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
