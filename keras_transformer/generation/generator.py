@@ -146,16 +146,13 @@ class Generator:
         # buffer (a fixed shape, so that the loop compiles); causal
         # masking hides the columns not yet generated. Only column
         # `index` is projected onto the vocabulary.
-        decoder_ids = sequences[:, :-1]
-        x = self.model._decode(
-            decoder_ids,
-            ops.ones_like(decoder_ids),
+        logits = self.model.decode_without_cache(
+            sequences[:, :-1],
             constants["encoder_output"],
             constants["encoder_padding_mask"],
-            training=False,
+            position=index,
         )
-        x = ops.take(x, ops.reshape(index, (1,)), axis=1)
-        return self.model._logits(x)[:, 0, :], cache
+        return logits[:, 0, :], cache
 
     def _build(self, key):
         (

@@ -483,6 +483,44 @@ class Transformer(keras.Model):
         )
         return self._logits(x), cache
 
+    def decode_without_cache(
+        self,
+        decoder_token_ids,
+        encoder_output,
+        encoder_padding_mask,
+        decoder_padding_mask=None,
+        position=None,
+    ):
+        """Runs the decoder over all of ``decoder_token_ids`` at once,
+        with causal masking, as training does: decoding without the
+        key/value cache (the reference the cache is tested against).
+
+        Args:
+            decoder_token_ids: ``(batch, length)``.
+            encoder_output: ``(batch, source_length, hidden_dim)``, from
+                `encode`.
+            encoder_padding_mask: ``(batch, source_length)``.
+            decoder_padding_mask: ``(batch, length)``; all ones if None.
+            position: if given (int or scalar tensor), only this
+                position is projected onto the vocabulary.
+
+        Returns:
+            float32 logits ``(batch, length, vocabulary_size)``, or
+            ``(batch, 1, vocabulary_size)`` with ``position``.
+        """
+        if decoder_padding_mask is None:
+            decoder_padding_mask = ops.ones_like(decoder_token_ids)
+        x = self._decode(
+            decoder_token_ids,
+            decoder_padding_mask,
+            encoder_output,
+            encoder_padding_mask,
+            training=False,
+        )
+        if position is not None:
+            x = ops.take(x, ops.reshape(position, (1,)), axis=1)
+        return self._logits(x)
+
     # --- attention weights
 
     def attention_weights(self, inputs, training=False):

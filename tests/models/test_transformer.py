@@ -254,6 +254,27 @@ def test_cached_decoding_equals_the_full_decoder(
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
 
 
+def test_decode_without_cache_is_the_models_decoder(rng):
+    model = _cache_models[False]
+    batch = random_batch(rng, 3, 9, 6)
+    full = logits_of(model, batch)
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    args = (
+        batch["decoder_token_ids"],
+        encoder_output,
+        batch["encoder_padding_mask"],
+        batch["decoder_padding_mask"],
+    )
+    np.testing.assert_allclose(
+        to_numpy(model.decode_without_cache(*args)), full, atol=1e-5
+    )
+    at_four = model.decode_without_cache(*args, position=4)
+    assert tuple(at_four.shape) == (3, 1, 53)
+    np.testing.assert_allclose(to_numpy(at_four)[:, 0], full[:, 4], atol=1e-5)
+
+
 def test_cache_shapes():
     model = _cache_models[False]
     ids = np.ones((2, 7), "int32")
