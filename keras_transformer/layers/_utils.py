@@ -54,15 +54,18 @@ def direct_sublayer_calls():
     """Within this context, the layers of this package call their built
     sublayers' ``call`` directly instead of through `Layer.__call__`.
 
-    For inference on eager backends only (decoding on torch): there a
+    For inference on torch, whose decoding runs eagerly: there a
     one-token decoder step makes about a hundred layer calls, and the
     bookkeeping of `Layer.__call__` (input conversion, signature binding,
     training and mask resolution, name scopes) costs more than the step's
-    arithmetic. None of that bookkeeping changes the result of an already
-    built float32 layer called with tensors and explicit arguments. Layers
-    for which it does (quantized layers, mixed-precision policies, which
-    need `Layer.__call__`'s autocasting) are still called through
-    `Layer.__call__`; see `call_layer`.
+    arithmetic. For the calls made here, which pass tensors and
+    ``training`` explicitly and use no Keras masks, that bookkeeping does
+    not change the result when the layer computes in its variables'
+    dtype and its input is already in that dtype. Everything else goes
+    through `Layer.__call__`: quantized layers (its `quantized_call`),
+    mixed-precision policies (its autocasting) and inputs to be cast
+    (see `call_layer`). Also skipped, and unused in decoding: remat,
+    distribution layouts of outputs and torch module hooks.
     """
     previous = getattr(_direct, "enabled", False)
     _direct.enabled = True
@@ -75,16 +78,23 @@ def direct_sublayer_calls():
 def call_layer(layer, *args, **kwargs):
     """``layer(*args, **kwargs)``, or ``layer.call(*args, **kwargs)``
     inside `direct_sublayer_calls` when that gives the same result: the
-    layer is built, not quantized, and computes in its variables' dtype."""
-    if getattr(_direct, "enabled", False) and _calls_directly(layer):
+    layer is built, not quantized, computes in its variables' dtype, and
+    its first input is not a floating tensor of another dtype."""
+    if getattr(_direct, "enabled", False) and _calls_directly(layer, args):
         return layer.call(*args, **kwargs)
     return layer(*args, **kwargs)
 
 
-def _calls_directly(layer):
+def _calls_directly(layer, args=()):
     policy = layer.dtype_policy
-    return (
+    if not (
         layer.built
         and policy.quantization_mode is None
         and policy.compute_dtype == policy.variable_dtype
-    )
+    ):
+        return False
+    dtype = getattr(args[0], "dtype", None) if args else None
+    if dtype is None:
+        return True
+    dtype = keras.backend.standardize_dtype(dtype)
+    return dtype == policy.compute_dtype or "float" not in dtype

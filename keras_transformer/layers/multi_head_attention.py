@@ -25,8 +25,10 @@ class _HeadsProjection(keras.layers.EinsumDense):
     matrix product: the output projection by about a sixth (forward and
     backward at the base model's size), and both projections 2x to 4x at
     one decoding token. The variables, and so what is saved and loaded,
-    are `EinsumDense`'s; a quantized layer runs Keras's `quantized_call`,
-    which `Layer.__call__` calls instead of ``call``.
+    are `EinsumDense`'s, LoRA included (its ``kernel`` adds the LoRA
+    product). Quantization is `EinsumDense`'s too: `quantize` is allowed
+    on this subclass, and a quantized layer runs `quantized_call`, which
+    `Layer.__call__` calls instead of ``call``.
     """
 
     _CONTRACTED_AXES = {"btd,dnh->btnh": 1, "btnh,nhd->btd": 2}
@@ -38,7 +40,14 @@ class _HeadsProjection(keras.layers.EinsumDense):
         x = ops.tensordot(inputs, self.kernel, axes=axes)
         if self.bias is not None:
             x = ops.add(x, self.bias)
+        if self.activation is not None:
+            x = self.activation(x)
         return x
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # `EinsumDense.quantize` refuses subclasses unless told otherwise;
+        # this one only changes how the float product is computed.
+        return super().quantize(mode, type_check=False, config=config)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -14,7 +14,7 @@ from keras_transformer.layers._utils import (
     call_layer,
     direct_sublayer_calls,
 )
-from tests.helpers import to_numpy
+from tests.helpers import random_batch, tiny_model, to_numpy
 
 HIDDEN = 32
 
@@ -104,9 +104,9 @@ def test_direct_sublayer_calls_change_no_output(name, rng):
 
 
 def test_direct_calls_keep_keras_path_where_it_changes_results(rng):
-    """Mixed precision needs `Layer.__call__`'s autocasting and quantized
-    layers its `quantized_call`: called directly, both would compute in
-    float32 with the float32 kernel."""
+    """Mixed precision needs `Layer.__call__`'s autocasting, quantized
+    layers its `quantized_call`, and an input of another float dtype its
+    cast: called directly, each would compute something else."""
     x = ops.convert_to_tensor(rng.normal(size=(2, 3, 16)).astype("float32"))
     plain = keras.layers.Dense(8)
     mixed = keras.layers.Dense(8, dtype="mixed_bfloat16")
@@ -114,6 +114,7 @@ def test_direct_calls_keep_keras_path_where_it_changes_results(rng):
     unbuilt = keras.layers.Dense(8)
     for layer in (plain, mixed, quantized):
         layer.build(x.shape)
+    quantized.set_weights(plain.get_weights())
     quantized.quantize("int8")
     assert [_calls_directly(layer) for layer in (plain, mixed, quantized)] == [
         True,
@@ -121,25 +122,35 @@ def test_direct_calls_keep_keras_path_where_it_changes_results(rng):
         False,
     ]
     assert not _calls_directly(unbuilt)
+    x16 = ops.cast(x, "bfloat16")
+    assert not _calls_directly(plain, (x16,))
+    assert _calls_directly(plain, (x,))
 
     with direct_sublayer_calls():
         outputs = [call_layer(layer, x) for layer in (plain, mixed, quantized)]
+        from_bfloat16 = call_layer(plain, x16)
         call_layer(unbuilt, x)  # builds it, through `Layer.__call__`
     assert unbuilt.built
     assert keras.backend.standardize_dtype(outputs[1].dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(from_bfloat16.dtype) == "float32"
     for layer, output in zip((plain, mixed, quantized), outputs, strict=True):
         np.testing.assert_array_equal(
             to_numpy(ops.cast(output, "float32")),
             to_numpy(ops.cast(layer(x), "float32")),
         )
-    assert not np.allclose(to_numpy(outputs[2]), to_numpy(plain.call(x)))
+    # The same weights, int8: close to the float layer, not equal to it.
+    np.testing.assert_allclose(
+        to_numpy(outputs[2]), to_numpy(outputs[0]), rtol=0.1, atol=0.1
+    )
+    assert not np.array_equal(to_numpy(outputs[2]), to_numpy(outputs[0]))
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
 @pytest.mark.parametrize("batch,length", [(1, 1), (3, 7), (2, 1)])
-def test_head_projections_are_keras_einsum_dense(batch, length, rng):
+def test_head_projections_are_keras_einsum_dense(batch, length, use_bias, rng):
     """The attention projections compute `EinsumDense`'s einsum as a
-    matmul; same result, with biases, at one token and at several."""
-    attention = layers.MultiHeadAttention(num_heads=4)
+    tensordot: the same result, at one token and at several."""
+    attention = layers.MultiHeadAttention(num_heads=4, use_bias=use_bias)
     attention.build((None, None, HIDDEN))
     attention.set_weights(
         [rng.normal(size=w.shape).astype("float32") for w in attention.weights]
@@ -149,14 +160,62 @@ def test_head_projections_are_keras_einsum_dense(batch, length, rng):
     for dense, inputs in (
         (attention.query_dense, x),
         (attention.key_dense, x),
+        (attention.value_dense, x),
         (attention.output_dense, heads),
     ):
+        assert (dense.bias is not None) == use_bias
         expected = keras.layers.EinsumDense.call(dense, inputs)
         output = dense(inputs)
         assert tuple(output.shape) == tuple(expected.shape)
         np.testing.assert_allclose(
             to_numpy(output), to_numpy(expected), rtol=1e-5, atol=1e-5
         )
+
+
+def test_quantized_model_quantizes_the_head_projections(rng):
+    """`Model.quantize` reaches the attention projections, and decoding
+    with direct sublayer calls runs them through `quantized_call`."""
+    model = tiny_model()
+    batch = random_batch(rng, 2, 5, 4)
+    model.quantize("int8")
+    attention = model.decoder_layers[0].self_attention
+    for dense in (
+        attention.query_dense,
+        attention.key_dense,
+        attention.value_dense,
+        attention.output_dense,
+    ):
+        assert dense.quantization_mode == "int8"
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    args = (
+        batch["decoder_token_ids"],
+        encoder_output,
+        batch["encoder_padding_mask"],
+        batch["decoder_padding_mask"],
+    )
+    expected = to_numpy(model.decode_without_cache(*args))
+    with direct_sublayer_calls():
+        direct = to_numpy(model.decode_without_cache(*args))
+    np.testing.assert_allclose(direct, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_mixed_model_decodes_to_float32_logits_with_direct_calls(rng):
+    model = tiny_model(dtype="mixed_bfloat16")
+    batch = random_batch(rng, 2, 5, 4)
+    with direct_sublayer_calls():
+        encoder_output = model.encode(
+            batch["encoder_token_ids"], batch["encoder_padding_mask"]
+        )
+        cache = model.init_cache(encoder_output, max_length=4)
+        logits, _ = model.decode(
+            batch["decoder_token_ids"][:, :1],
+            cache,
+            ops.convert_to_tensor(0, "int32"),
+            batch["encoder_padding_mask"],
+        )
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
 
 
 @pytest.mark.parametrize("name", ["attention", "encoder", "decoder"])

@@ -220,10 +220,11 @@ def test_cross_attention_uses_the_source_padding_mask(mask_model, rng):
 # --- incremental decoding
 
 
-@settings(max_examples=10, deadline=None)
-@given(lengths, st.booleans(), st.booleans())
+@pytest.mark.parametrize("direct", [False, True], ids=["call", "direct"])
+@settings(max_examples=8, deadline=None)
+@given(lengths, st.booleans())
 def test_cached_decoding_equals_the_full_decoder(
-    shapes, normalize_first, direct
+    direct, shapes, normalize_first
 ):
     """Also with ``direct_sublayer_calls``, as decoding on torch runs."""
     batch_size, source_length, target_length, seed = shapes
