@@ -1,8 +1,8 @@
 """Training throughput against peers of the same size, on one backend.
 
     KERAS_BACKEND=jax python -m benchmarks.training [--configs tiny base]
-        [--rounds 5] [--steps 2] [--with-mixed-bfloat16] [--output FILE.json]
-        [--smoke]
+        [--rounds 5] [--steps 2] [--with-mixed-bfloat16] [--dropout RATE]
+        [--output FILE.json] [--smoke]
 
 Contestants, all with the same sizes, dropout, Adam(0.9, 0.98, 1e-9) and
 label-smoothed (0.1) cross entropy that ignores padding:
@@ -333,6 +333,8 @@ def run_config(name, args, backend):
     import keras
 
     config = model_config(name)
+    if args.dropout is not None:
+        config["dropout"] = args.dropout
     batch, source_length, target_length = SHAPES[name]
     if args.batch_size:
         batch = args.batch_size
@@ -437,7 +439,7 @@ def run_config(name, args, backend):
         if key == "ours_mixed_bfloat16":
             row["speedup_over_float32"] = _common.ratios(tokens, key, "ours")
         rows.append(row)
-    result = {"rows": rows}
+    result = {"dropout": config["dropout"], "rows": rows}
     if probe:
         result["probe_tflops_per_round"] = [p / 1e12 for p in probe]
         result["probe_tflops"] = statistics.median(probe) / 1e12
@@ -468,6 +470,14 @@ def parse_args(argv=None):
         help="`compile(jit_compile=...)` of every Keras contestant: auto "
         "(Keras's choice: XLA on JAX, not on TensorFlow without a GPU, "
         "eager torch), true or false",
+    )
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="dropout rate of every contestant instead of the "
+        "configuration's (0.1 in tiny and base); 0 times the models "
+        "without drawing dropout masks",
     )
     parser.add_argument("--probe-size", type=int, default=2048)
     parser.add_argument("--skip-keras-hub", action="store_true")

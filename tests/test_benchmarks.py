@@ -56,6 +56,18 @@ def test_training_smoke(tmp_path):
     assert rows["ours"]["jit_compile"] is auto
 
 
+def test_training_dropout_replaces_the_configurations(tmp_path):
+    default = training.main(
+        ["--smoke", "--threads", "0", "--skip-keras-hub", "--skip-torch"]
+    )
+    assert default["configs"]["smoke"]["dropout"] == 0.1
+    report = training.main(
+        ["--smoke", "--threads", "0", "--skip-keras-hub", "--skip-torch"]
+        + ["--dropout", "0"]
+    )
+    assert report["configs"]["smoke"]["dropout"] == 0.0
+
+
 def test_decoding_smoke(tmp_path):
     report = decoding.main(
         ["--smoke", "--threads", "0", "--output", str(tmp_path / "d.json")]
