@@ -54,7 +54,8 @@ def direct_sublayer_calls():
     """Within this context, the layers of this package call their built
     sublayers' ``call`` directly instead of through `Layer.__call__`.
 
-    For inference on torch, whose decoding runs eagerly: there a
+    For inference on torch, whose decoding runs eagerly (so that indices
+    can also be read as Python ints, see `concrete_index`): there a
     one-token decoder step makes about a hundred layer calls, and the
     bookkeeping of `Layer.__call__` (input conversion, signature binding,
     training and mask resolution, name scopes) costs more than the step's
@@ -73,6 +74,18 @@ def direct_sublayer_calls():
         yield
     finally:
         _direct.enabled = previous
+
+
+def concrete_index(index):
+    """``index`` as a Python int inside `direct_sublayer_calls`, where the
+    computation runs eagerly and its value is known; otherwise unchanged.
+
+    `ops.slice_update` on torch writes a cache with two kernels for int
+    start indices, and builds index tensors for every axis otherwise.
+    """
+    if getattr(_direct, "enabled", False) and index is not None:
+        return int(index)
+    return index
 
 
 def call_layer(layer, *args, **kwargs):

@@ -12,6 +12,7 @@ from keras_transformer.layers._utils import (
     call_layer,
     check_positive,
     check_rate,
+    concrete_index,
 )
 from keras_transformer.layers.output_bias import OutputBias
 from keras_transformer.models.configs import get_config as get_named_config
@@ -313,6 +314,7 @@ class Transformer(keras.Model):
         cache_update_index=None,
         training=None,
     ):
+        cache_update_index = concrete_index(cache_update_index)
         x = call_layer(self.decoder_token_embedding, token_ids)
         start = 0 if cache_update_index is None else cache_update_index
         x = x + call_layer(self.decoder_position_encoding, x, start_index=start)

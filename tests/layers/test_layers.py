@@ -12,6 +12,7 @@ from keras_transformer import layers
 from keras_transformer.layers._utils import (
     _calls_directly,
     call_layer,
+    concrete_index,
     direct_sublayer_calls,
 )
 from tests.helpers import random_batch, tiny_model, to_numpy
@@ -143,6 +144,16 @@ def test_direct_calls_keep_keras_path_where_it_changes_results(rng):
         to_numpy(outputs[2]), to_numpy(outputs[0]), rtol=0.1, atol=0.1
     )
     assert not np.array_equal(to_numpy(outputs[2]), to_numpy(outputs[0]))
+
+
+def test_concrete_index_only_inside_direct_calls():
+    index = ops.convert_to_tensor(3, "int32")
+    assert concrete_index(index) is index
+    assert concrete_index(None) is None
+    with direct_sublayer_calls():
+        assert type(concrete_index(index)) is int
+        assert concrete_index(index) == 3
+        assert concrete_index(None) is None
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
