@@ -15,7 +15,7 @@ from keras_transformer.layers._utils import (
     concrete_index,
     direct_sublayer_calls,
 )
-from tests.helpers import random_batch, tiny_model, to_numpy
+from tests.helpers import to_numpy
 
 HIDDEN = 32
 
@@ -181,52 +181,6 @@ def test_head_projections_are_keras_einsum_dense(batch, length, use_bias, rng):
         np.testing.assert_allclose(
             to_numpy(output), to_numpy(expected), rtol=1e-5, atol=1e-5
         )
-
-
-def test_quantized_model_quantizes_the_head_projections(rng):
-    """`Model.quantize` reaches the attention projections, and decoding
-    with direct sublayer calls runs them through `quantized_call`."""
-    model = tiny_model()
-    batch = random_batch(rng, 2, 5, 4)
-    model.quantize("int8")
-    attention = model.decoder_layers[0].self_attention
-    for dense in (
-        attention.query_dense,
-        attention.key_dense,
-        attention.value_dense,
-        attention.output_dense,
-    ):
-        assert dense.quantization_mode == "int8"
-    encoder_output = model.encode(
-        batch["encoder_token_ids"], batch["encoder_padding_mask"]
-    )
-    args = (
-        batch["decoder_token_ids"],
-        encoder_output,
-        batch["encoder_padding_mask"],
-        batch["decoder_padding_mask"],
-    )
-    expected = to_numpy(model.decode_without_cache(*args))
-    with direct_sublayer_calls():
-        direct = to_numpy(model.decode_without_cache(*args))
-    np.testing.assert_allclose(direct, expected, rtol=1e-6, atol=1e-6)
-
-
-def test_mixed_model_decodes_to_float32_logits_with_direct_calls(rng):
-    model = tiny_model(dtype="mixed_bfloat16")
-    batch = random_batch(rng, 2, 5, 4)
-    with direct_sublayer_calls():
-        encoder_output = model.encode(
-            batch["encoder_token_ids"], batch["encoder_padding_mask"]
-        )
-        cache = model.init_cache(encoder_output, max_length=4)
-        logits, _ = model.decode(
-            batch["decoder_token_ids"][:, :1],
-            cache,
-            ops.convert_to_tensor(0, "int32"),
-            batch["encoder_padding_mask"],
-        )
-    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
 
 
 @pytest.mark.parametrize("name", ["attention", "encoder", "decoder"])

@@ -255,25 +255,68 @@ def test_cached_decoding_equals_the_full_decoder(
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
 
 
-def test_decode_without_cache_is_the_models_decoder(rng):
-    model = _cache_models[False]
-    batch = random_batch(rng, 3, 9, 6)
-    full = logits_of(model, batch)
+def uncached_decoder_inputs(model, batch):
+    """The arguments of `decode_without_cache` for a batch."""
     encoder_output = model.encode(
         batch["encoder_token_ids"], batch["encoder_padding_mask"]
     )
-    args = (
+    return (
         batch["decoder_token_ids"],
         encoder_output,
         batch["encoder_padding_mask"],
         batch["decoder_padding_mask"],
     )
+
+
+def test_decode_without_cache_is_the_models_decoder(rng):
+    model = _cache_models[False]
+    batch = random_batch(rng, 3, 9, 6)
+    full = logits_of(model, batch)
+    args = uncached_decoder_inputs(model, batch)
     np.testing.assert_allclose(
         to_numpy(model.decode_without_cache(*args)), full, atol=1e-5
     )
     at_four = model.decode_without_cache(*args, position=4)
     assert tuple(at_four.shape) == (3, 1, 53)
     np.testing.assert_allclose(to_numpy(at_four)[:, 0], full[:, 4], atol=1e-5)
+
+
+def test_quantized_model_quantizes_the_head_projections(rng):
+    """`Model.quantize` reaches the attention projections, and decoding
+    with direct sublayer calls runs them through `quantized_call`."""
+    model = tiny_model()
+    batch = random_batch(rng, 2, 5, 4)
+    model.quantize("int8")
+    attention = model.decoder_layers[0].self_attention
+    for dense in (
+        attention.query_dense,
+        attention.key_dense,
+        attention.value_dense,
+        attention.output_dense,
+    ):
+        assert dense.quantization_mode == "int8"
+    args = uncached_decoder_inputs(model, batch)
+    expected = to_numpy(model.decode_without_cache(*args))
+    with direct_sublayer_calls():
+        direct = to_numpy(model.decode_without_cache(*args))
+    np.testing.assert_allclose(direct, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_mixed_model_decodes_to_float32_logits_with_direct_calls(rng):
+    model = tiny_model(dtype="mixed_bfloat16")
+    batch = random_batch(rng, 2, 5, 4)
+    with direct_sublayer_calls():
+        encoder_output = model.encode(
+            batch["encoder_token_ids"], batch["encoder_padding_mask"]
+        )
+        cache = model.init_cache(encoder_output, max_length=4)
+        logits, _ = model.decode(
+            batch["decoder_token_ids"][:, :1],
+            cache,
+            keras.ops.convert_to_tensor(0, "int32"),
+            batch["encoder_padding_mask"],
+        )
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
 
 
 def test_cache_shapes():
