@@ -277,8 +277,9 @@ class MultiHeadAttention(keras.layers.Layer):
             key_positions = ops.arange(key_length)
             causal = key_positions[None, :] <= query_positions[:, None]
             mask = merge(mask, causal[None, None, :, :])
-        if mask is None:
-            return None
+        if key_padding_mask is None and attention_mask is None:
+            # None, or causal alone, where every query sees key 0.
+            return mask
         # A row with no visible key (a sequence that is all padding) would
         # give NaN in some fused kernels; let it attend everywhere instead.
         # Its output belongs to a padded position and is never used.

@@ -502,7 +502,8 @@ class Transformer(keras.Model):
             encoder_output: ``(batch, source_length, hidden_dim)``, from
                 `encode`.
             encoder_padding_mask: ``(batch, source_length)``.
-            decoder_padding_mask: ``(batch, length)``; all ones if None.
+            decoder_padding_mask: ``(batch, length)``; None when every
+                token is real.
             position: if given (int or scalar tensor), only this
                 position is projected onto the vocabulary.
 
@@ -510,8 +511,6 @@ class Transformer(keras.Model):
             float32 logits ``(batch, length, vocabulary_size)``, or
             ``(batch, 1, vocabulary_size)`` with ``position``.
         """
-        if decoder_padding_mask is None:
-            decoder_padding_mask = ops.ones_like(decoder_token_ids)
         x = self._decode(
             decoder_token_ids,
             decoder_padding_mask,
