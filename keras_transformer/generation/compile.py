@@ -10,7 +10,12 @@ compiles a loop differently, and that difference is kept here.
 - PyTorch: eager, under `torch.no_grad()`, so that no autograd graph is
   recorded, and with `direct_sublayer_calls`, so that the model's layers
   skip `Layer.__call__`'s bookkeeping, which on a one-token step costs
-  more than the arithmetic.
+  more than the arithmetic. Within it, the head projections, dense
+  layers, layer normalizations and attention call torch directly
+  (`_torch_layer_calls`, `_torch_ops`): the same kernels Keras calls,
+  without the dtype resolution and casts around each `keras.ops` call.
+  Each step writes its keys and values into the self-attention cache in
+  place, instead of copying the whole cache as `ops.slice_update` does.
 """
 
 import keras
@@ -50,10 +55,8 @@ def compile_function(fn, model, jit_compile=True):
     if backend == "torch":
         import torch
 
-        from keras_transformer.layers._utils import direct_sublayer_calls
-
         def run(*args):
-            with torch.no_grad(), direct_sublayer_calls():
+            with torch.no_grad(), torch_direct_calls():
                 return fn(*args)
 
         return run
@@ -61,3 +64,100 @@ def compile_function(fn, model, jit_compile=True):
         f"Decoding supports the tensorflow, jax and torch backends; the "
         f"Keras backend is {backend!r}. Set KERAS_BACKEND to one of them."
     )
+
+
+def torch_direct_calls():
+    """The `direct_sublayer_calls` context of decoding on torch, with the
+    layer calls and ops of torch below. Torch backend only."""
+    from keras_transformer.layers._utils import direct_sublayer_calls
+
+    if not _TORCH_TABLES:
+        _TORCH_TABLES.extend([_torch_layer_calls(), _torch_ops()])
+    return direct_sublayer_calls(*_TORCH_TABLES)
+
+
+_TORCH_TABLES = []
+
+
+def _torch_layer_calls():
+    """``layer.call`` in plain torch for the layers a decoding step calls
+    most, where they compute what Keras computes (`call_layer` only uses
+    them for built, unquantized layers computing in their variables'
+    dtype on inputs of that dtype). Any other configuration falls back
+    to ``layer.call``."""
+    import torch
+    import torch.nn.functional as F
+
+    from keras_transformer.layers.multi_head_attention import _HeadsProjection
+
+    linear = keras.activations.linear
+    activations = {linear: None, keras.activations.relu: torch.relu}
+
+    def value(variable):
+        # `kernel` is a variable, or a tensor when LoRA is enabled.
+        return getattr(variable, "value", variable)
+
+    def heads_projection(layer, inputs, training=None):
+        axes = layer._CONTRACTED_AXES.get(layer.equation)
+        if axes is None or layer.activation is not linear:
+            return layer.call(inputs, training=training)
+        x = torch.tensordot(inputs, value(layer.kernel), dims=axes)
+        return x if layer.bias is None else x + value(layer.bias)
+
+    def dense(layer, inputs, training=None):
+        if layer.activation not in activations:
+            return layer.call(inputs, training=training)
+        x = torch.matmul(inputs, value(layer.kernel))
+        if layer.bias is not None:
+            x = x + value(layer.bias)
+        activation = activations[layer.activation]
+        return x if activation is None else activation(x)
+
+    def layer_norm(layer, inputs):
+        axis = layer.axis if isinstance(layer.axis, list) else [layer.axis]
+        if layer.rms_scaling or [a % inputs.ndim for a in axis] != [
+            inputs.ndim - 1
+        ]:
+            return layer.call(inputs)
+        gamma = None if layer.gamma is None else value(layer.gamma)
+        beta = None if layer.beta is None else value(layer.beta)
+        return F.layer_norm(
+            inputs, inputs.shape[-1:], gamma, beta, layer.epsilon
+        )
+
+    return {
+        _HeadsProjection: heads_projection,
+        keras.layers.Dense: dense,
+        keras.layers.LayerNormalization: layer_norm,
+    }
+
+
+def _torch_ops():
+    """`keras.ops` in plain torch, for the arguments this package passes."""
+    import torch.nn.functional as F
+
+    def dot_product_attention(query, key, value, mask=None, scale=None):
+        # (batch, length, heads, head_dim) in and out, as in Keras; a
+        # boolean mask (True attends), which `MultiHeadAttention` never
+        # leaves without a visible key in a row.
+        output = F.scaled_dot_product_attention(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            attn_mask=mask,
+            scale=scale,
+        )
+        return output.transpose(1, 2)
+
+    def write_cache_in_place(cache, index, key, value):
+        # cache: (batch, 2, max_length, heads, head_dim), a view of the
+        # model's cache; key, value: (batch, steps, heads, head_dim).
+        index = int(index)
+        steps = key.shape[1]
+        cache[:, 0, index : index + steps] = key
+        cache[:, 1, index : index + steps] = value
+
+    return {
+        "dot_product_attention": dot_product_attention,
+        "write_cache_in_place": write_cache_in_place,
+    }

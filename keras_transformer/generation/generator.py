@@ -179,7 +179,14 @@ class Generator:
             encoded = model.encode(source_ids, source_mask)
             if use_cache:
                 full_cache = model.init_cache(encoded, max_length)
-                cache = {"self_attention": repeat(full_cache["self_attention"])}
+                zeros = full_cache["self_attention"]
+                # Zeros of its own for every row (not a repeat, which may
+                # be a broadcast view): torch decoding writes into it.
+                cache = {
+                    "self_attention": ops.zeros(
+                        (rows,) + tuple(zeros.shape[1:]), zeros.dtype
+                    )
+                }
                 constants = {
                     "cross_attention": repeat(full_cache["cross_attention"]),
                     "encoder_padding_mask": repeat(source_mask),

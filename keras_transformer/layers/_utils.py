@@ -50,7 +50,7 @@ _direct = threading.local()
 
 
 @contextlib.contextmanager
-def direct_sublayer_calls():
+def direct_sublayer_calls(layer_calls=None, backend_ops=None):
     """Within this context, the layers of this package call their built
     sublayers' ``call`` directly instead of through `Layer.__call__`.
 
@@ -67,13 +67,52 @@ def direct_sublayer_calls():
     mixed-precision policies (its autocasting) and inputs to be cast
     (see `call_layer`). Also skipped, and unused in decoding: remat,
     distribution layouts of outputs and torch module hooks.
+
+    The backend module that opens this context (`generation.compile`) may
+    go one step further and pass its own implementations, for the same
+    reason (a `keras.ops` call costs tens of microseconds of dtype
+    bookkeeping on eager torch):
+
+    Args:
+        layer_calls: ``{layer class: fn(layer, *args, **kwargs)}``, used by
+            `call_layer` in place of ``layer.call`` for layers of exactly
+            that class; ``fn`` returns what ``layer.call`` would.
+        backend_ops: ``{name: fn}``, returned by `backend_op` in place of
+            ``keras.ops.<name>``; ``fn`` takes the arguments this package
+            passes and returns what the op would.
     """
-    previous = getattr(_direct, "enabled", False)
+    previous = (
+        getattr(_direct, "enabled", False),
+        getattr(_direct, "layer_calls", {}),
+        getattr(_direct, "backend_ops", {}),
+    )
     _direct.enabled = True
+    _direct.layer_calls = dict(layer_calls or {})
+    _direct.backend_ops = dict(backend_ops or {})
     try:
         yield
     finally:
-        _direct.enabled = previous
+        (_direct.enabled, _direct.layer_calls, _direct.backend_ops) = previous
+
+
+def backend_op(name):
+    """``keras.ops.<name>``, or the backend's own implementation passed to
+    `direct_sublayer_calls` when inside it."""
+    return backend_override(name) or getattr(keras.ops, name)
+
+
+def backend_override(name):
+    """The function ``name`` passed to `direct_sublayer_calls` when inside
+    it, else None. Besides `keras.ops` names, this package asks for:
+
+    - ``"write_cache_in_place"``: ``fn(cache, index, key, value)`` writes
+      a self-attention step's keys and values into its cache at position
+      ``index`` in place (the cache of an eager search is not read again
+      at its earlier state), so a decoding step copies no cache.
+    """
+    if getattr(_direct, "enabled", False):
+        return _direct.backend_ops.get(name)
+    return None
 
 
 def concrete_index(index):
@@ -92,8 +131,13 @@ def call_layer(layer, *args, **kwargs):
     """``layer(*args, **kwargs)``, or ``layer.call(*args, **kwargs)``
     inside `direct_sublayer_calls` when that gives the same result: the
     layer is built, not quantized, computes in its variables' dtype, and
-    its first input is not a floating tensor of another dtype."""
+    its first input is not a floating tensor of another dtype. A
+    ``layer_calls`` entry of the context for the layer's class replaces
+    ``layer.call``."""
     if getattr(_direct, "enabled", False) and _calls_directly(layer, args):
+        call = _direct.layer_calls.get(type(layer))
+        if call is not None:
+            return call(layer, *args, **kwargs)
         return layer.call(*args, **kwargs)
     return layer(*args, **kwargs)
 

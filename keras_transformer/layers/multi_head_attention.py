@@ -5,6 +5,8 @@ from keras import ops
 
 from keras_transformer.layers._utils import (
     apply_dropout,
+    backend_op,
+    backend_override,
     call_layer,
     check_positive,
     check_rate,
@@ -203,19 +205,19 @@ class MultiHeadAttention(keras.layers.Layer):
         # (batch, query_length, num_heads, head_dim)
         q = call_layer(self.query_dense, query)
         if cache is not None and cache_update_index is not None:
-            # Self-attention step: write this step's keys and values in
-            # one update of the whole cache (one copy on eager backends,
-            # not one per half plus a stack).
-            # (batch, 2, steps, num_heads, head_dim)
-            update = ops.stack(
-                [
-                    call_layer(self.key_dense, key),
-                    call_layer(self.value_dense, value),
-                ],
-                axis=1,
-            )
-            start = [0, 0, cache_update_index, 0, 0]
-            cache = ops.slice_update(cache, start, update)
+            # Self-attention step: write this step's keys and values.
+            k = call_layer(self.key_dense, key)
+            v = call_layer(self.value_dense, value)
+            write_in_place = backend_override("write_cache_in_place")
+            if write_in_place is not None:
+                write_in_place(cache, cache_update_index, k, v)
+            else:
+                # One update of the whole cache (one copy on eager
+                # backends, not one per half plus a stack).
+                # (batch, 2, steps, num_heads, head_dim)
+                update = ops.stack([k, v], axis=1)
+                start = [0, 0, cache_update_index, 0, 0]
+                cache = ops.slice_update(cache, start, update)
             k, v = cache[:, 0], cache[:, 1]
         elif cache is not None:
             # Cross-attention: keys and values were computed once.
@@ -238,7 +240,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if explicit:
             output, scores = self._explicit_attention(q, k, v, mask, training)
         else:
-            output = ops.dot_product_attention(
+            output = backend_op("dot_product_attention")(
                 q, k, v, mask=mask, scale=1.0 / math.sqrt(self.head_dim)
             )
             scores = None

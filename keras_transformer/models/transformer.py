@@ -9,6 +9,7 @@ from keras_transformer.layers import (
 )
 from keras_transformer.layers._utils import (
     apply_dropout,
+    backend_override,
     call_layer,
     check_positive,
     check_rate,
@@ -346,6 +347,9 @@ class Transformer(keras.Model):
             x = call_layer(self.decoder_final_norm, x)
         if cache is None:
             return x
+        if backend_override("write_cache_in_place") is not None:
+            # The layers wrote into their views of the cache.
+            return x, cache
         cache = dict(cache, self_attention=ops.stack(new_self_cache, axis=1))
         return x, cache
 
@@ -473,6 +477,9 @@ class Transformer(keras.Model):
         Returns:
             ``(logits, cache)``: float32 logits ``(batch, steps,
             vocabulary_size)`` and the cache with this step written in.
+            A new cache, except inside the eager decoding of torch
+            (`generation.compile.torch_direct_calls`), which writes the
+            step into ``cache`` itself and returns it.
         """
         x, cache = self._decode(
             decoder_token_ids,

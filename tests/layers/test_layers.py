@@ -15,7 +15,7 @@ from keras_transformer.layers._utils import (
     concrete_index,
     direct_sublayer_calls,
 )
-from tests.helpers import to_numpy
+from tests.helpers import decoding_direct_calls, to_numpy
 
 HIDDEN = 32
 
@@ -94,12 +94,16 @@ def test_keras_file_save_and_load(name, rng, tmp_path):
     )
 
 
+@pytest.mark.parametrize("decoding", [False, True], ids=["plain", "decoding"])
 @pytest.mark.parametrize("name", LAYER_NAMES)
-def test_direct_sublayer_calls_change_no_output(name, rng):
+def test_direct_sublayer_calls_change_no_output(name, decoding, rng):
+    """Also as decoding runs them, which on torch replaces the calls of
+    the projections, dense layers, layer norms and attention."""
     layer = make(name)
     args = inputs_for(name, rng)
     expected = to_numpy(layer(*args))
-    with direct_sublayer_calls():
+    context = decoding_direct_calls() if decoding else direct_sublayer_calls()
+    with context:
         direct = to_numpy(layer(*args))
     np.testing.assert_allclose(direct, expected, rtol=1e-6, atol=1e-6)
 
@@ -154,6 +158,54 @@ def test_concrete_index_only_inside_direct_calls():
         assert type(concrete_index(index)) is int
         assert concrete_index(index) == 3
         assert concrete_index(None) is None
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="torch decoding's own calls"
+)
+def test_torch_decoding_replaces_layer_calls_and_falls_back(rng, monkeypatch):
+    """In torch decoding, the projections, dense layers and layer norms
+    run torch's kernels instead of their ``call`` (which is made to fail
+    here), and what they do not cover still goes to ``call``."""
+    from keras_transformer.layers.multi_head_attention import _HeadsProjection
+
+    x = ops.convert_to_tensor(rng.normal(size=(2, 3, 16)).astype("float32"))
+    heads = _HeadsProjection("btd,dnh->btnh", (None, 2, 8), bias_axes="nh")
+    lora = _HeadsProjection("btd,dnh->btnh", (None, 2, 8), bias_axes="nh")
+    dense, norm = (
+        keras.layers.Dense(8, "relu"),
+        keras.layers.LayerNormalization(),
+    )
+    covered = [heads, lora, dense, norm]
+    others = [
+        keras.layers.Dense(8, "gelu"),
+        keras.layers.LayerNormalization(axis=[1, 2]),
+    ]
+    for layer in covered + others:
+        layer.build(x.shape)
+    lora.enable_lora(2)
+    b = rng.normal(size=tuple(lora.lora_kernel_b.shape)).astype("float32")
+    lora.lora_kernel_b.assign(b)
+    expected = [to_numpy(layer(x)) for layer in covered + others]
+
+    def fail(*args, **kwargs):
+        raise AssertionError("layer.call was called")
+
+    for cls in (_HeadsProjection, keras.layers.Dense):
+        monkeypatch.setattr(cls, "call", fail)
+    monkeypatch.setattr(keras.layers.LayerNormalization, "call", fail)
+    with decoding_direct_calls():
+        for layer, want in zip(covered, expected[: len(covered)], strict=True):
+            got = to_numpy(call_layer(layer, x))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        for layer in others:
+            with pytest.raises(AssertionError, match="layer.call"):
+                call_layer(layer, x)
+    monkeypatch.undo()
+    with decoding_direct_calls():
+        for layer, want in zip(others, expected[len(covered) :], strict=True):
+            got = to_numpy(call_layer(layer, x))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("use_bias", [True, False])

@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 
 import keras_transformer as kt
 from keras_transformer.layers._utils import direct_sublayer_calls
-from tests.helpers import random_batch, tiny_model, to_numpy
+from tests.helpers import (
+    decoding_direct_calls,
+    random_batch,
+    tiny_model,
+    to_numpy,
+)
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -233,7 +238,7 @@ def test_cached_decoding_equals_the_full_decoder(
     batch = random_batch(rng, batch_size, source_length, target_length)
     batch["decoder_padding_mask"][:] = 1
     full = logits_of(model, batch)
-    context = direct_sublayer_calls() if direct else contextlib.nullcontext()
+    context = decoding_direct_calls() if direct else contextlib.nullcontext()
     with context:
         encoder_output = model.encode(
             batch["encoder_token_ids"], batch["encoder_padding_mask"]
@@ -253,6 +258,34 @@ def test_cached_decoding_equals_the_full_decoder(
 
 
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
+
+
+def test_torch_decoding_writes_the_cache_in_place_and_only_there(rng):
+    """Torch's eager decoding writes each step into the cache it is given
+    (no copy of the cache per step); everywhere else `decode` returns a
+    new cache and leaves its argument as it was."""
+    model = _cache_models[False]
+    batch = random_batch(rng, 2, 5, 3)
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    ids = batch["decoder_token_ids"][:, :1]
+    index = keras.ops.convert_to_tensor(0, "int32")
+    mask = batch["encoder_padding_mask"]
+    cache = model.init_cache(encoder_output, max_length=4)
+    _, new = model.decode(ids, cache, index, mask)
+    assert not np.any(to_numpy(cache["self_attention"]))
+    assert np.any(to_numpy(new["self_attention"][:, :, :, 0]))
+    with decoding_direct_calls():
+        _, written = model.decode(ids, cache, index, mask)
+    in_place = keras.backend.backend() == "torch"
+    assert (written["self_attention"] is cache["self_attention"]) == in_place
+    assert np.any(to_numpy(cache["self_attention"])) == in_place
+    np.testing.assert_allclose(
+        to_numpy(written["self_attention"]),
+        to_numpy(new["self_attention"]),
+        atol=1e-6,
+    )
 
 
 def uncached_decoder_inputs(model, batch):
