@@ -23,14 +23,13 @@ class _HeadsProjection(keras.layers.EinsumDense):
 
     ``btd,dnh->btnh`` and ``btnh,nhd->btd`` contract the last one or two
     axes of the input with the first of the kernel: a matrix product.
-    Torch's einsum runs them slower than its tensordot, which is that
-    matrix product: the output projection by about a sixth (forward and
-    backward at the base model's size), and both projections 2x to 4x at
-    one decoding token. The variables, and so what is saved and loaded,
-    are `EinsumDense`'s, LoRA included (its ``kernel`` adds the LoRA
-    product). Quantization is `EinsumDense`'s too: `quantize` is allowed
-    on this subclass, and a quantized layer runs `quantized_call`, which
-    `Layer.__call__` calls instead of ``call``.
+    Torch's einsum runs them more slowly than its tensordot, which is
+    that matrix product, most of all for the few rows of a decoding
+    step; XLA compiles both forms alike. The variables, and so what is
+    saved and loaded, are `EinsumDense`'s, LoRA included (its ``kernel``
+    adds the LoRA product). Quantization is `EinsumDense`'s too:
+    `quantize` is allowed on this subclass, and a quantized layer runs
+    `quantized_call`, which `Layer.__call__` calls instead of ``call``.
     """
 
     _CONTRACTED_AXES = {"btd,dnh->btnh": 1, "btnh,nhd->btd": 2}
