@@ -18,6 +18,8 @@ compiles a loop differently, and that difference is kept here.
   place, instead of copying the whole cache as `ops.slice_update` does.
 """
 
+import functools
+
 import keras
 
 
@@ -71,20 +73,21 @@ def torch_direct_calls():
     layer calls and ops of torch below. Torch backend only."""
     from keras_transformer.layers._utils import direct_sublayer_calls
 
-    if not _TORCH_TABLES:
-        _TORCH_TABLES.extend([_torch_layer_calls(), _torch_ops()])
-    return direct_sublayer_calls(*_TORCH_TABLES)
+    return direct_sublayer_calls(*_torch_tables())
 
 
-_TORCH_TABLES = []
+@functools.cache
+def _torch_tables():
+    return _torch_layer_calls(), _torch_ops()
 
 
 def _torch_layer_calls():
     """``layer.call`` in plain torch for the layers a decoding step calls
-    most, where they compute what Keras computes (`call_layer` only uses
-    them for built, unquantized layers computing in their variables'
-    dtype on inputs of that dtype). Any other configuration falls back
-    to ``layer.call``."""
+    most, where they compute what Keras computes: float32 inputs
+    (`call_layer` only uses them for built, unquantized layers computing
+    in their variables' dtype). Keras computes half-precision layer norms
+    and CPU matmuls in float32; those, and any other configuration, fall
+    back to ``layer.call``."""
     import torch
     import torch.nn.functional as F
 
@@ -99,13 +102,17 @@ def _torch_layer_calls():
 
     def heads_projection(layer, inputs, training=None):
         axes = layer._CONTRACTED_AXES.get(layer.equation)
-        if axes is None or layer.activation is not linear:
+        if (
+            axes is None
+            or layer.activation is not linear
+            or inputs.dtype != torch.float32
+        ):
             return layer.call(inputs, training=training)
         x = torch.tensordot(inputs, value(layer.kernel), dims=axes)
         return x if layer.bias is None else x + value(layer.bias)
 
     def dense(layer, inputs, training=None):
-        if layer.activation not in activations:
+        if layer.activation not in activations or inputs.dtype != torch.float32:
             return layer.call(inputs, training=training)
         x = torch.matmul(inputs, value(layer.kernel))
         if layer.bias is not None:
@@ -115,9 +122,12 @@ def _torch_layer_calls():
 
     def layer_norm(layer, inputs):
         axis = layer.axis if isinstance(layer.axis, list) else [layer.axis]
-        if layer.rms_scaling or [a % inputs.ndim for a in axis] != [
-            inputs.ndim - 1
-        ]:
+        last_axis_only = [a % inputs.ndim for a in axis] == [inputs.ndim - 1]
+        if (
+            layer.rms_scaling
+            or not last_axis_only
+            or inputs.dtype != torch.float32
+        ):
             return layer.call(inputs)
         gamma = None if layer.gamma is None else value(layer.gamma)
         beta = None if layer.beta is None else value(layer.beta)

@@ -15,7 +15,10 @@ loop, so the loop compiles under `jax.jit` and `tf.function` (see
 - ``index``: scalar int32 tensor ``t``; the step feeds ``sequences[:, t]``
   and returns the logits of the token at column ``t + 1``, ``(rows, V)``.
 - ``cache``: a dict of tensors whose first axis is ``rows``; beam search
-  reorders it along that axis when hypotheses are extended.
+  reorders it along that axis when hypotheses are extended. ``step_fn``
+  may write into the cache it is given (torch's eager decoding does), so
+  a cache passed to ``step_fn`` is never read again: the searches go on
+  with the cache it returns.
 - ``constants``: a dict of tensors passed through unchanged.
 
 Conventions shared by all three searches:

@@ -79,7 +79,9 @@ def direct_sublayer_calls(layer_calls=None, backend_ops=None):
             that class; ``fn`` returns what ``layer.call`` would.
         backend_ops: ``{name: fn}``, returned by `backend_op` in place of
             ``keras.ops.<name>``; ``fn`` takes the arguments this package
-            passes and returns what the op would.
+            passes and returns what the op would. These apply inside
+            every layer of this package, also those that `call_layer`
+            sends through `Layer.__call__`.
     """
     previous = (
         getattr(_direct, "enabled", False),

@@ -61,7 +61,8 @@ class MultiHeadAttention(keras.layers.Layer):
     the last axis of the query, so the layer takes only ``num_heads``.
 
     The attention itself runs through `keras.ops.dot_product_attention`, so
-    each backend's fused kernel is used where it exists. When attention
+    each backend's fused kernel is used where it exists (in torch's eager
+    decoding, torch's own, see `generation.compile`). When attention
     weights are requested, or attention dropout is active in training, the
     layer computes them explicitly (softmax in float32) instead.
 

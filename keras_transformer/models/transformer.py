@@ -320,7 +320,7 @@ class Transformer(keras.Model):
         start = 0 if cache_update_index is None else cache_update_index
         x = x + call_layer(self.decoder_position_encoding, x, start_index=start)
         x = apply_dropout(self.decoder_embedding_dropout, x, training)
-        new_self_cache = []
+        new_self_cache, written_in_place = [], []
         for i, layer in enumerate(self.decoder_layers):
             if cache is None:
                 x = call_layer(
@@ -332,23 +332,25 @@ class Transformer(keras.Model):
                     training=training,
                 )
             else:
+                view = cache["self_attention"][:, i]
                 x, layer_cache = call_layer(
                     layer,
                     x,
                     decoder_padding_mask=padding_mask,
                     encoder_padding_mask=encoder_padding_mask,
-                    self_attention_cache=cache["self_attention"][:, i],
+                    self_attention_cache=view,
                     self_attention_cache_update_index=cache_update_index,
                     cross_attention_cache=cache["cross_attention"][:, i],
                     training=training,
                 )
                 new_self_cache.append(layer_cache)
+                written_in_place.append(layer_cache is view)
         if self.decoder_final_norm is not None:
             x = call_layer(self.decoder_final_norm, x)
         if cache is None:
             return x
-        if backend_override("write_cache_in_place") is not None:
-            # The layers wrote into their views of the cache.
+        if backend_override("write_cache_in_place") and all(written_in_place):
+            # Every layer wrote into its view of the cache and returned it.
             return x, cache
         cache = dict(cache, self_attention=ops.stack(new_self_cache, axis=1))
         return x, cache

@@ -166,27 +166,33 @@ def test_concrete_index_only_inside_direct_calls():
 def test_torch_decoding_replaces_layer_calls_and_falls_back(rng, monkeypatch):
     """In torch decoding, the projections, dense layers and layer norms
     run torch's kernels instead of their ``call`` (which is made to fail
-    here), and what they do not cover still goes to ``call``."""
+    here), and what they do not cover still goes to ``call``: other
+    activations and axes, and half precision, which Keras computes in
+    float32."""
     from keras_transformer.layers.multi_head_attention import _HeadsProjection
 
     x = ops.convert_to_tensor(rng.normal(size=(2, 3, 16)).astype("float32"))
+    x16 = ops.cast(x, "bfloat16")
     heads = _HeadsProjection("btd,dnh->btnh", (None, 2, 8), bias_axes="nh")
     lora = _HeadsProjection("btd,dnh->btnh", (None, 2, 8), bias_axes="nh")
-    dense, norm = (
-        keras.layers.Dense(8, "relu"),
-        keras.layers.LayerNormalization(),
-    )
-    covered = [heads, lora, dense, norm]
-    others = [
-        keras.layers.Dense(8, "gelu"),
-        keras.layers.LayerNormalization(axis=[1, 2]),
+    covered = [
+        (heads, x),
+        (lora, x),
+        (keras.layers.Dense(8, "relu"), x),
+        (keras.layers.LayerNormalization(), x),
     ]
-    for layer in covered + others:
+    others = [
+        (keras.layers.Dense(8, "gelu"), x),
+        (keras.layers.LayerNormalization(axis=[1, 2]), x),
+        (keras.layers.Dense(8, "relu", dtype="bfloat16"), x16),
+        (keras.layers.LayerNormalization(dtype="bfloat16"), x16),
+    ]
+    for layer, _ in covered + others:
         layer.build(x.shape)
     lora.enable_lora(2)
     b = rng.normal(size=tuple(lora.lora_kernel_b.shape)).astype("float32")
     lora.lora_kernel_b.assign(b)
-    expected = [to_numpy(layer(x)) for layer in covered + others]
+    expected = [to_numpy(layer(a)) for layer, a in covered + others]
 
     def fail(*args, **kwargs):
         raise AssertionError("layer.call was called")
@@ -195,17 +201,48 @@ def test_torch_decoding_replaces_layer_calls_and_falls_back(rng, monkeypatch):
         monkeypatch.setattr(cls, "call", fail)
     monkeypatch.setattr(keras.layers.LayerNormalization, "call", fail)
     with decoding_direct_calls():
-        for layer, want in zip(covered, expected[: len(covered)], strict=True):
-            got = to_numpy(call_layer(layer, x))
+        for (layer, a), want in zip(
+            covered, expected[: len(covered)], strict=True
+        ):
+            got = to_numpy(call_layer(layer, a))
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-        for layer in others:
+        for layer, a in others:
             with pytest.raises(AssertionError, match="layer.call"):
-                call_layer(layer, x)
+                call_layer(layer, a)
     monkeypatch.undo()
     with decoding_direct_calls():
-        for layer, want in zip(others, expected[len(covered) :], strict=True):
-            got = to_numpy(call_layer(layer, x))
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        for (layer, a), want in zip(
+            others, expected[len(covered) :], strict=True
+        ):
+            np.testing.assert_array_equal(to_numpy(call_layer(layer, a)), want)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="torch decoding's own calls"
+)
+def test_torch_decoding_runs_torchs_attention(rng, monkeypatch):
+    """Attention in torch decoding does not go through
+    `keras.ops.dot_product_attention` (made to fail here) and gives its
+    result, masks included."""
+    layer = layers.MultiHeadAttention(num_heads=4)
+    query = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
+    value = rng.normal(size=(2, 5, HIDDEN)).astype("float32")
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], "int32")
+    kwargs = {"value": value, "key_padding_mask": mask}
+    expected = to_numpy(layer(query, **kwargs))
+    causal = to_numpy(layer(query, use_causal_mask=True))
+
+    def fail(*args, **kwargs):
+        raise AssertionError("keras.ops.dot_product_attention was called")
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", fail)
+    with pytest.raises(AssertionError, match="dot_product_attention"):
+        layer(query, **kwargs)
+    with decoding_direct_calls():
+        got = to_numpy(layer(query, **kwargs))
+        got_causal = to_numpy(layer(query, use_causal_mask=True))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_causal, causal, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("use_bias", [True, False])

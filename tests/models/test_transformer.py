@@ -260,11 +260,13 @@ def test_cached_decoding_equals_the_full_decoder(
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
 
 
-def test_torch_decoding_writes_the_cache_in_place_and_only_there(rng):
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_torch_decoding_writes_the_cache_in_place_and_only_there(dtype, rng):
     """Torch's eager decoding writes each step into the cache it is given
     (no copy of the cache per step); everywhere else `decode` returns a
-    new cache and leaves its argument as it was."""
-    model = _cache_models[False]
+    new cache and leaves its argument as it was. A mixed-precision model,
+    whose layers go through `Layer.__call__`, writes the same values."""
+    model = _cache_models[False] if dtype == "float32" else _mixed_model
     batch = random_batch(rng, 2, 5, 3)
     encoder_output = model.encode(
         batch["encoder_token_ids"], batch["encoder_padding_mask"]
@@ -273,19 +275,29 @@ def test_torch_decoding_writes_the_cache_in_place_and_only_there(rng):
     index = keras.ops.convert_to_tensor(0, "int32")
     mask = batch["encoder_padding_mask"]
     cache = model.init_cache(encoder_output, max_length=4)
-    _, new = model.decode(ids, cache, index, mask)
+    logits, new = model.decode(ids, cache, index, mask)
     assert not np.any(to_numpy(cache["self_attention"]))
     assert np.any(to_numpy(new["self_attention"][:, :, :, 0]))
     with decoding_direct_calls():
-        _, written = model.decode(ids, cache, index, mask)
-    in_place = keras.backend.backend() == "torch"
-    assert (written["self_attention"] is cache["self_attention"]) == in_place
-    assert np.any(to_numpy(cache["self_attention"])) == in_place
+        direct_logits, written = model.decode(ids, cache, index, mask)
+    if dtype == "float32":
+        on_torch = keras.backend.backend() == "torch"
+        assert np.any(to_numpy(cache["self_attention"])) == on_torch
+        in_place = written["self_attention"] is cache["self_attention"]
+        assert in_place == on_torch
+    tolerance = 1e-6 if dtype == "float32" else 2e-2
     np.testing.assert_allclose(
-        to_numpy(written["self_attention"]),
-        to_numpy(new["self_attention"]),
-        atol=1e-6,
+        to_numpy(written["self_attention"]).astype("float32"),
+        to_numpy(new["self_attention"]).astype("float32"),
+        atol=tolerance,
+        rtol=tolerance,
     )
+    np.testing.assert_allclose(
+        to_numpy(direct_logits), to_numpy(logits), atol=tolerance * 5
+    )
+
+
+_mixed_model = tiny_model(dtype="mixed_bfloat16")
 
 
 def uncached_decoder_inputs(model, batch):
