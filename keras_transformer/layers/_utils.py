@@ -70,8 +70,8 @@ def direct_sublayer_calls(layer_calls=None, backend_ops=None):
 
     The backend module that opens this context (`generation.compile`) may
     go one step further and pass its own implementations, for the same
-    reason (a `keras.ops` call costs tens of microseconds of dtype
-    bookkeeping on eager torch):
+    reason: a `keras.ops` call costs tens of microseconds of dtype
+    bookkeeping on eager torch.
 
     Args:
         layer_calls: ``{layer class: fn(layer, *args, **kwargs)}``, used by
