@@ -167,13 +167,20 @@ def matmul_probe(size=2048, repeats=3, dtype="float32"):
     elif backend == "torch":
         import torch
 
+        # Keras's torch backend puts tensors on the GPU when there is one;
+        # the probe multiplies where the model computes.
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         a, b = (
-            torch.from_numpy(x.astype("float32")).to(getattr(torch, dtype))
+            torch.from_numpy(x.astype("float32"))
+            .to(device)
+            .to(getattr(torch, dtype))
             for x in (a, b)
         )
 
         def run():
             torch.mm(a, b)
+            if device == "cuda":
+                torch.cuda.synchronize()
 
     else:
         raise NotImplementedError(backend)

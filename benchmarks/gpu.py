@@ -11,8 +11,9 @@ paper's Adam, on a fixed synthetic batch (``--batch-size`` pairs of
 ``--length`` tokens per side, 60-100% of them real). It reports real
 tokens per second and the achieved matrix-multiply FLOP/s
 (`benchmarks.training.train_flops`) as a fraction of the chip's dense
-bfloat16 peak: ``--peak-tflops``, or looked up in `PEAK_TFLOPS` from the
-device name.
+bfloat16 peak (``--peak-tflops``, or looked up in `PEAK_TFLOPS` from the
+device name) and of a ``--probe-size`` square matrix multiply in the
+compute dtype, timed on the same device in the same process.
 """
 
 import argparse
@@ -92,6 +93,13 @@ def parse_args(argv=None):
         default=None,
         help=f"the chip's bfloat16 peak (default: {PEAK_TFLOPS} by name)",
     )
+    parser.add_argument(
+        "--probe-size",
+        type=int,
+        default=8192,
+        help="side of the square matrix multiply timed as the achievable "
+        "peak (0 skips it)",
+    )
     parser.add_argument("--output", default=None)
     parser.add_argument(
         "--smoke",
@@ -102,6 +110,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.config, args.batch_size, args.length = "smoke", 2, 8
         args.vocabulary_size, args.steps, args.warmup_steps = 64, 2, 1
+        args.probe_size = 64
     return args
 
 
@@ -112,7 +121,17 @@ def main(argv=None):
     import keras_transformer as kt
 
     name = device_name()
-    peak = peak_for(name, args.peak_tflops)
+    compute_dtype = keras.dtype_policies.get(args.dtype).compute_dtype
+    # The data sheet's peak is bfloat16's: a float32 model is compared
+    # with it only when --peak-tflops says so.
+    peak = peak_for(
+        name if compute_dtype == "bfloat16" else "", args.peak_tflops
+    )
+    probe = (
+        _common.matmul_probe(args.probe_size, 10, compute_dtype) / 1e12
+        if args.probe_size
+        else None
+    )
     config = model_config(args.config)
     inputs, labels, tokens = make_batch(
         args.batch_size, args.length, args.length, args.vocabulary_size
@@ -166,6 +185,9 @@ def main(argv=None):
         "achieved_tflops": achieved,
         "peak_tflops": peak,
         "peak_fraction": achieved / peak if peak else None,
+        "probe_size": args.probe_size,
+        "probe_tflops": probe,
+        "probe_fraction": achieved / probe if probe else None,
     }
     for key in (
         "device",
@@ -178,6 +200,8 @@ def main(argv=None):
         "achieved_tflops",
         "peak_tflops",
         "peak_fraction",
+        "probe_tflops",
+        "probe_fraction",
     ):
         value = report[key]
         print(f"{key:<16} {_common._fmt(value)}")

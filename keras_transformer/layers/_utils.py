@@ -1,4 +1,5 @@
 import contextlib
+import functools
 import threading
 
 import keras
@@ -29,6 +30,14 @@ def check_positive(name, value):
     if int(value) != value or int(value) < 1:
         raise ValueError(f"{name}={value} must be a positive integer.")
     return int(value)
+
+
+@functools.cache
+def jax_on_accelerator():
+    """Whether the backend is JAX and its first device is not a CPU."""
+    if keras.backend.backend() != "jax":
+        return False
+    return not keras.distribution.list_devices()[0].startswith("cpu")
 
 
 def apply_dropout(dropout, x, training):

@@ -14,6 +14,7 @@ from keras_transformer.layers._utils import (
     call_layer,
     concrete_index,
     direct_sublayer_calls,
+    jax_on_accelerator,
 )
 from tests.helpers import decoding_direct_calls, to_numpy
 
@@ -243,6 +244,58 @@ def test_torch_decoding_runs_torchs_attention(rng, monkeypatch):
         got_causal = to_numpy(layer(query, use_causal_mask=True))
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got_causal, causal, rtol=1e-6, atol=1e-6)
+
+
+def test_jax_accelerator_is_false_on_this_machine():
+    """The GPU-only mask branch below is off here (no accelerator)."""
+    assert jax_on_accelerator() is False
+
+
+@pytest.mark.parametrize(
+    "masks",
+    ["padding", "padding_and_causal", "causal", "none"],
+)
+def test_accelerator_attention_gets_a_mask_per_query(masks, rng, monkeypatch):
+    """With the JAX-accelerator branch on (it is off on a CPU), the mask
+    that reaches the fused attention spans every query, as cuDNN's kernel
+    requires, and the output does not change."""
+    from keras_transformer.layers import multi_head_attention
+
+    layer = layers.MultiHeadAttention(num_heads=4)
+    query = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
+    value = rng.normal(size=(2, 5, HIDDEN)).astype("float32")
+    padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], "int32")
+    kwargs, want = {
+        # Cross-attention over a padded source: (batch, 1, 1, 5) before.
+        "padding": (
+            {"value": value, "key_padding_mask": padding},
+            (2, 1, 3, 5),
+        ),
+        "padding_and_causal": (
+            {"key_padding_mask": padding[:, 2:], "use_causal_mask": True},
+            (2, 1, 3, 3),
+        ),
+        # Causal alone was already (1, 1, 3, 3): left as it is.
+        "causal": ({"use_causal_mask": True}, (1, 1, 3, 3)),
+        "none": ({}, None),
+    }[masks]
+    expected = to_numpy(layer(query, **kwargs))
+
+    seen = []
+
+    def attention(q, k, v, mask=None, **options):
+        seen.append(None if mask is None else tuple(mask.shape))
+        return ops.dot_product_attention(q, k, v, mask=mask, **options)
+
+    monkeypatch.setattr(
+        multi_head_attention, "jax_on_accelerator", lambda: True
+    )
+    with direct_sublayer_calls(
+        backend_ops={"dot_product_attention": attention}
+    ):
+        got = to_numpy(layer(query, **kwargs))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert seen == [want]
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
