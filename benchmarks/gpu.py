@@ -4,7 +4,7 @@
         [--batch-size 128] [--length 64] [--steps 50] [--output FILE.json]
     python -m benchmarks.gpu --smoke      # a quick check on CPU
 
-Prepared for a machine with a GPU (one run well under 10 minutes): the
+For a machine with a GPU (one run takes about a minute there): the
 ``base`` Transformer (Table 3) under the ``mixed_bfloat16`` policy, one
 `train_on_batch` per step with `LabelSmoothedCrossEntropy` and the
 paper's Adam, on a fixed synthetic batch (``--batch-size`` pairs of
@@ -61,11 +61,14 @@ def device_name():
     return "cpu"
 
 
-def peak_for(name, peak_tflops=None):
-    """The peak to divide by: the argument, else the table's entry whose
-    key is in the device name, else None."""
+def peak_for(name, peak_tflops=None, compute_dtype="bfloat16"):
+    """The peak to divide by: the argument, else (for bfloat16 compute,
+    the only dtype the table's peaks are for) the table's entry whose key
+    is in the device name, else None."""
     if peak_tflops:
         return float(peak_tflops)
+    if compute_dtype != "bfloat16":
+        return None
     for key, value in PEAK_TFLOPS.items():
         if key.lower() in name.lower():
             return value
@@ -91,7 +94,8 @@ def parse_args(argv=None):
         "--peak-tflops",
         type=float,
         default=None,
-        help=f"the chip's bfloat16 peak (default: {PEAK_TFLOPS} by name)",
+        help="the chip's peak for the compute dtype (default, for "
+        f"bfloat16 only: {PEAK_TFLOPS} by name)",
     )
     parser.add_argument(
         "--probe-size",
@@ -110,7 +114,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.config, args.batch_size, args.length = "smoke", 2, 8
         args.vocabulary_size, args.steps, args.warmup_steps = 64, 2, 1
-        args.probe_size = 64
+        args.probe_size = min(args.probe_size, 64)
     return args
 
 
@@ -122,11 +126,7 @@ def main(argv=None):
 
     name = device_name()
     compute_dtype = keras.dtype_policies.get(args.dtype).compute_dtype
-    # The data sheet's peak is bfloat16's: a float32 model is compared
-    # with it only when --peak-tflops says so.
-    peak = peak_for(
-        name if compute_dtype == "bfloat16" else "", args.peak_tflops
-    )
+    peak = peak_for(name, args.peak_tflops, compute_dtype)
     probe = (
         _common.matmul_probe(args.probe_size, 10, compute_dtype) / 1e12
         if args.probe_size

@@ -108,6 +108,23 @@ def test_gpu_script_smoke_on_cpu(tmp_path):
     assert gpu.peak_for("NVIDIA A100-SXM4-40GB") == 312.0
     assert gpu.peak_for("cpu") is None
     assert gpu.peak_for("cpu", 12.5) == 12.5
+    # The table's peaks are bfloat16's: other dtypes need --peak-tflops.
+    assert gpu.peak_for("NVIDIA H200", compute_dtype="float32") is None
+    assert gpu.peak_for("NVIDIA H200", 60.0, "float32") == 60.0
+    # The probe runs on the same device, in the compute dtype.
+    assert report["probe_tflops"] > 0
+    assert report["probe_fraction"] == pytest.approx(
+        report["achieved_tflops"] / report["probe_tflops"]
+    )
+    with open(tmp_path / "g.json") as f:
+        assert json.load(f)["probe_tflops"] == report["probe_tflops"]
+
+
+def test_gpu_script_probe_can_be_skipped():
+    report = gpu.main(["--smoke", "--dtype", "float32", "--probe-size", "0"])
+    assert report["probe_tflops"] is None
+    assert report["probe_fraction"] is None
+    assert report["peak_fraction"] is None
 
 
 def test_matmul_probe_smoke():

@@ -32,12 +32,30 @@ def check_positive(name, value):
     return int(value)
 
 
+def jax_on_gpu():
+    """Whether the backend is JAX and its first device is a GPU."""
+    return keras.backend.backend() == "jax" and _first_jax_device_is_gpu()
+
+
 @functools.cache
-def jax_on_accelerator():
-    """Whether the backend is JAX and its first device is not a CPU."""
-    if keras.backend.backend() != "jax":
-        return False
-    return not keras.distribution.list_devices()[0].startswith("cpu")
+def _first_jax_device_is_gpu():
+    return keras.distribution.list_devices()[0].startswith("gpu")
+
+
+def mask_for_fused_attention(mask, query_length, key_length):
+    """``mask`` as `keras.ops.dot_product_attention` best takes it here.
+
+    On a JAX GPU, Keras tries cuDNN's fused attention first. cuDNN takes
+    only a mask as long as the queries: it refuses one that broadcasts
+    over them (a padding mask), and Keras logs each refusal as an error
+    before falling back to XLA. There the mask is broadcast over the
+    queries; elsewhere it is returned unchanged.
+    """
+    if mask is None or not jax_on_gpu():
+        return mask
+    return keras.ops.broadcast_to(
+        mask, (keras.ops.shape(mask)[0], 1, query_length, key_length)
+    )
 
 
 def apply_dropout(dropout, x, training):

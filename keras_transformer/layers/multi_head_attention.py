@@ -11,7 +11,7 @@ from keras_transformer.layers._utils import (
     check_positive,
     check_rate,
     clone_initializer,
-    jax_on_accelerator,
+    mask_for_fused_attention,
 )
 
 # Added to the logits of masked keys. Large enough that exp() underflows to
@@ -241,15 +241,9 @@ class MultiHeadAttention(keras.layers.Layer):
         if explicit:
             output, scores = self._explicit_attention(q, k, v, mask, training)
         else:
-            if mask is not None and jax_on_accelerator():
-                # cuDNN's fused attention, which Keras tries first on a GPU,
-                # takes only a mask as long as the queries; it refuses one
-                # that broadcasts over them (the padding mask), and Keras
-                # logs each refusal as an error before falling back to XLA.
-                mask = ops.broadcast_to(
-                    mask,
-                    (ops.shape(mask)[0], 1, ops.shape(q)[1], ops.shape(k)[1]),
-                )
+            mask = mask_for_fused_attention(
+                mask, ops.shape(q)[1], ops.shape(k)[1]
+            )
             output = backend_op("dot_product_attention")(
                 q, k, v, mask=mask, scale=1.0 / math.sqrt(self.head_dim)
             )

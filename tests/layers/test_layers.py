@@ -14,7 +14,6 @@ from keras_transformer.layers._utils import (
     call_layer,
     concrete_index,
     direct_sublayer_calls,
-    jax_on_accelerator,
 )
 from tests.helpers import decoding_direct_calls, to_numpy
 
@@ -246,20 +245,39 @@ def test_torch_decoding_runs_torchs_attention(rng, monkeypatch):
     np.testing.assert_allclose(got_causal, causal, rtol=1e-6, atol=1e-6)
 
 
-def test_jax_accelerator_is_false_on_this_machine():
-    """The GPU-only mask branch below is off here (no accelerator)."""
-    assert jax_on_accelerator() is False
+@pytest.mark.parametrize(
+    "backend,device,expected",
+    [
+        ("jax", "gpu:0", True),
+        ("jax", "cpu:0", False),
+        ("jax", "tpu:0", False),
+        ("torch", "gpu:0", False),
+        ("tensorflow", "gpu:0", False),
+    ],
+)
+def test_jax_on_gpu_reads_the_backend_and_first_device(
+    backend, device, expected, monkeypatch
+):
+    from keras_transformer.layers import _utils
+
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda: [device])
+    _utils._first_jax_device_is_gpu.cache_clear()
+    try:
+        assert _utils.jax_on_gpu() is expected
+    finally:
+        _utils._first_jax_device_is_gpu.cache_clear()
 
 
 @pytest.mark.parametrize(
     "masks",
     ["padding", "padding_and_causal", "causal", "none"],
 )
-def test_accelerator_attention_gets_a_mask_per_query(masks, rng, monkeypatch):
-    """With the JAX-accelerator branch on (it is off on a CPU), the mask
-    that reaches the fused attention spans every query, as cuDNN's kernel
-    requires, and the output does not change."""
-    from keras_transformer.layers import multi_head_attention
+def test_gpu_attention_gets_a_mask_per_query(masks, rng, monkeypatch):
+    """As on a JAX GPU (this machine has none), the mask that reaches the
+    fused attention spans every query, as cuDNN's kernel requires, and
+    the output does not change."""
+    from keras_transformer.layers import _utils
 
     layer = layers.MultiHeadAttention(num_heads=4)
     query = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
@@ -287,15 +305,34 @@ def test_accelerator_attention_gets_a_mask_per_query(masks, rng, monkeypatch):
         seen.append(None if mask is None else tuple(mask.shape))
         return ops.dot_product_attention(q, k, v, mask=mask, **options)
 
-    monkeypatch.setattr(
-        multi_head_attention, "jax_on_accelerator", lambda: True
-    )
+    monkeypatch.setattr(_utils, "jax_on_gpu", lambda: True)
     with direct_sublayer_calls(
         backend_ops={"dot_product_attention": attention}
     ):
         got = to_numpy(layer(query, **kwargs))
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     assert seen == [want]
+
+
+def test_gpu_attention_mask_builds_in_a_functional_model(rng, monkeypatch):
+    """As on a JAX GPU: the broadcast takes unknown batch and lengths
+    (building a functional model), and the model computes what the layer
+    computes without it."""
+    from keras_transformer.layers import _utils
+
+    layer = layers.MultiHeadAttention(num_heads=4)
+    x = rng.normal(size=(2, 4, HIDDEN)).astype("float32")
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], "int32")
+    expected = to_numpy(layer(x, key_padding_mask=mask))
+    monkeypatch.setattr(_utils, "jax_on_gpu", lambda: True)
+    query = keras.Input((None, HIDDEN))
+    padding = keras.Input((None,), dtype="int32")
+    model = keras.Model(
+        [query, padding], layer(query, key_padding_mask=padding)
+    )
+    assert tuple(model.output.shape) == (None, None, HIDDEN)
+    got = to_numpy(model([x, mask]))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
