@@ -19,6 +19,7 @@ compiles a loop differently, and that difference is kept here.
 """
 
 import functools
+import math
 
 import keras
 
@@ -108,15 +109,27 @@ def _torch_layer_calls():
             or inputs.dtype != torch.float32
         ):
             return layer.call(inputs, training=training)
-        x = torch.tensordot(inputs, value(layer.kernel), dims=axes)
-        return x if layer.bias is None else x + value(layer.bias)
+        # The contraction as one matrix product, the bias added inside it.
+        kernel = value(layer.kernel)
+        kept = kernel.shape[axes:]
+        rows = inputs.reshape(-1, math.prod(kernel.shape[:axes]))
+        kernel = kernel.reshape(rows.shape[1], -1)
+        if layer.bias is None:
+            x = torch.mm(rows, kernel)
+        else:
+            x = torch.addmm(value(layer.bias).reshape(-1), rows, kernel)
+        return x.reshape(*inputs.shape[:-axes], *kept)
 
     def dense(layer, inputs, training=None):
         if layer.activation not in activations or inputs.dtype != torch.float32:
             return layer.call(inputs, training=training)
-        x = torch.matmul(inputs, value(layer.kernel))
-        if layer.bias is not None:
-            x = x + value(layer.bias)
+        kernel = value(layer.kernel)
+        rows = inputs.reshape(-1, inputs.shape[-1])
+        if layer.bias is None:
+            x = torch.mm(rows, kernel)
+        else:
+            x = torch.addmm(value(layer.bias), rows, kernel)
+        x = x.reshape(*inputs.shape[:-1], kernel.shape[-1])
         activation = activations[layer.activation]
         return x if activation is None else activation(x)
 

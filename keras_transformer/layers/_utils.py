@@ -114,14 +114,41 @@ def direct_sublayer_calls(layer_calls=None, backend_ops=None):
         getattr(_direct, "enabled", False),
         getattr(_direct, "layer_calls", {}),
         getattr(_direct, "backend_ops", {}),
+        getattr(_direct, "memo", {}),
     )
     _direct.enabled = True
     _direct.layer_calls = dict(layer_calls or {})
     _direct.backend_ops = dict(backend_ops or {})
+    _direct.memo = {}
     try:
         yield
     finally:
-        (_direct.enabled, _direct.layer_calls, _direct.backend_ops) = previous
+        (
+            _direct.enabled,
+            _direct.layer_calls,
+            _direct.backend_ops,
+            _direct.memo,
+        ) = previous
+
+
+def memoized(name, arguments, compute):
+    """``compute()``, or inside `direct_sublayer_calls` its result for the
+    same ``name`` and ``arguments`` earlier in the context.
+
+    For what every layer of a decoding step computes alike from the same
+    tensors, such as its attention mask. Arguments are compared by
+    identity (ints and None by value), and the memo keeps them referenced
+    until the context ends, so no other object can take their identity.
+    """
+    if not getattr(_direct, "enabled", False):
+        return compute()
+    key = (name,) + tuple(
+        a if a is None or isinstance(a, int) else id(a) for a in arguments
+    )
+    entry = _direct.memo.get(key)
+    if entry is None:
+        entry = _direct.memo[key] = (arguments, compute())
+    return entry[1]
 
 
 def backend_op(name):

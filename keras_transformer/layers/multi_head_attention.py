@@ -12,6 +12,7 @@ from keras_transformer.layers._utils import (
     check_rate,
     clone_initializer,
     mask_for_fused_attention,
+    memoized,
 )
 
 # Added to the logits of masked keys. Large enough that exp() underflows to
@@ -229,13 +230,20 @@ class MultiHeadAttention(keras.layers.Layer):
                 call_layer(self.value_dense, value),
             )
 
-        mask = self._merge_masks(
+        # Inside `direct_sublayer_calls` (torch's decoding), the layers of
+        # a step given the same masks share the merged one.
+        mask_arguments = (
             ops.shape(q)[1],
             ops.shape(k)[1],
             key_padding_mask,
             attention_mask,
-            use_causal_mask,
+            bool(use_causal_mask),
             cache_update_index,
+        )
+        mask = memoized(
+            "attention_mask",
+            mask_arguments,
+            lambda: _merged_mask(*mask_arguments),
         )
         explicit = return_attention_scores or (self.dropout > 0 and training)
         if explicit:
@@ -256,41 +264,6 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
-
-    def _merge_masks(
-        self,
-        query_length,
-        key_length,
-        key_padding_mask,
-        attention_mask,
-        use_causal_mask,
-        cache_update_index,
-    ):
-        """Returns a boolean ``(batch or 1, 1, query, key)`` mask or None."""
-        mask = None
-
-        def merge(mask, new):
-            new = ops.cast(new, "bool")
-            return new if mask is None else ops.logical_and(mask, new)
-
-        if key_padding_mask is not None:
-            mask = merge(mask, key_padding_mask[:, None, None, :])
-        if attention_mask is not None:
-            mask = merge(mask, attention_mask[:, None, :, :])
-        if use_causal_mask:
-            offset = 0 if cache_update_index is None else cache_update_index
-            query_positions = ops.arange(query_length) + offset
-            key_positions = ops.arange(key_length)
-            causal = key_positions[None, :] <= query_positions[:, None]
-            mask = merge(mask, causal[None, None, :, :])
-        if key_padding_mask is None and attention_mask is None:
-            # None, or causal alone, where every query sees key 0.
-            return mask
-        # A row with no visible key (a sequence that is all padding) would
-        # give NaN in some fused kernels; let it attend everywhere instead.
-        # Its output belongs to a padded position and is never used.
-        empty = ops.logical_not(ops.any(mask, axis=-1, keepdims=True))
-        return ops.logical_or(mask, empty)
 
     def _explicit_attention(self, q, k, v, mask, training):
         # Logits and softmax in float32, also under mixed precision.
@@ -322,3 +295,39 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _merged_mask(
+    query_length,
+    key_length,
+    key_padding_mask,
+    attention_mask,
+    use_causal_mask,
+    cache_update_index,
+):
+    """The boolean ``(batch or 1, 1, query, key)`` mask of an attention
+    call, or None."""
+    mask = None
+
+    def merge(mask, new):
+        new = ops.cast(new, "bool")
+        return new if mask is None else ops.logical_and(mask, new)
+
+    if key_padding_mask is not None:
+        mask = merge(mask, key_padding_mask[:, None, None, :])
+    if attention_mask is not None:
+        mask = merge(mask, attention_mask[:, None, :, :])
+    if use_causal_mask:
+        offset = 0 if cache_update_index is None else cache_update_index
+        query_positions = ops.arange(query_length) + offset
+        key_positions = ops.arange(key_length)
+        causal = key_positions[None, :] <= query_positions[:, None]
+        mask = merge(mask, causal[None, None, :, :])
+    if key_padding_mask is None and attention_mask is None:
+        # None, or causal alone, where every query sees key 0.
+        return mask
+    # A row with no visible key (a sequence that is all padding) would
+    # give NaN in some fused kernels; let it attend everywhere instead.
+    # Its output belongs to a padded position and is never used.
+    empty = ops.logical_not(ops.any(mask, axis=-1, keepdims=True))
+    return ops.logical_or(mask, empty)

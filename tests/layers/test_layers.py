@@ -160,6 +160,46 @@ def test_concrete_index_only_inside_direct_calls():
         assert concrete_index(None) is None
 
 
+def test_attention_masks_are_shared_only_inside_direct_calls(rng, monkeypatch):
+    """Inside `direct_sublayer_calls`, attention layers given the same
+    mask tensors (as a decoding step's layers are) merge them once; a
+    different tensor, index or context merges again, and outside the
+    context every call merges."""
+    from keras_transformer.layers import multi_head_attention
+
+    merges = []
+    merged_mask = multi_head_attention._merged_mask
+
+    def counted(*args):
+        merges.append(args)
+        return merged_mask(*args)
+
+    monkeypatch.setattr(multi_head_attention, "_merged_mask", counted)
+    first, second = (layers.MultiHeadAttention(num_heads=4) for _ in "ab")
+    query = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
+    mask = ops.convert_to_tensor(np.array([[1, 1, 0], [1, 1, 1]]), "int32")
+    same_values = ops.convert_to_tensor(ops.convert_to_numpy(mask))
+    expected = [
+        to_numpy(layer(query, key_padding_mask=mask, use_causal_mask=True))
+        for layer in (first, second)
+    ]
+    assert len(merges) == 2
+    with direct_sublayer_calls():
+        got = [
+            to_numpy(layer(query, key_padding_mask=mask, use_causal_mask=True))
+            for layer in (first, second)
+        ]
+        assert len(merges) == 3
+        first(query, key_padding_mask=same_values, use_causal_mask=True)
+        first(query, key_padding_mask=mask)
+        assert len(merges) == 5
+    with direct_sublayer_calls():
+        first(query, key_padding_mask=mask, use_causal_mask=True)
+    assert len(merges) == 6
+    for want, have in zip(expected, got, strict=True):
+        np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.skipif(
     keras.backend.backend() != "torch", reason="torch decoding's own calls"
 )
