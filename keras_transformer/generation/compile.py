@@ -103,21 +103,23 @@ def _torch_layer_calls():
 
     def heads_projection(layer, inputs, training=None):
         axes = layer._CONTRACTED_AXES.get(layer.equation)
+        kernel = value(layer.kernel)
         if (
             axes is None
             or layer.activation is not linear
             or inputs.dtype != torch.float32
+            or inputs.shape[inputs.ndim - axes :] != kernel.shape[:axes]
         ):
             return layer.call(inputs, training=training)
         # The contraction as one matrix product, the bias added inside it.
-        kernel = value(layer.kernel)
         kept = kernel.shape[axes:]
         rows = inputs.reshape(-1, math.prod(kernel.shape[:axes]))
         kernel = kernel.reshape(rows.shape[1], -1)
         if layer.bias is None:
             x = torch.mm(rows, kernel)
         else:
-            x = torch.addmm(value(layer.bias).reshape(-1), rows, kernel)
+            bias = torch.broadcast_to(value(layer.bias), kept).reshape(-1)
+            x = torch.addmm(bias, rows, kernel)
         return x.reshape(*inputs.shape[:-axes], *kept)
 
     def dense(layer, inputs, training=None):

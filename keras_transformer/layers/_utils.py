@@ -132,23 +132,41 @@ def direct_sublayer_calls(layer_calls=None, backend_ops=None):
 
 
 def memoized(name, arguments, compute):
-    """``compute()``, or inside `direct_sublayer_calls` its result for the
-    same ``name`` and ``arguments`` earlier in the context.
+    """``compute()``, or inside `direct_sublayer_calls` on torch its
+    result for the same ``name`` and ``arguments`` earlier in the context.
 
     For what every layer of a decoding step computes alike from the same
-    tensors, such as its attention mask. Arguments are compared by
-    identity (ints and None by value), and the memo keeps them referenced
-    until the context ends, so no other object can take their identity.
+    tensors, such as its attention mask. Only ints, None and torch
+    tensors are compared: a tensor by identity and by its version, which
+    torch bumps at every in-place write, so a tensor changed in place is
+    computed again. The memo keeps the tensors referenced until the
+    context ends, so no other tensor can take their identity. Any other
+    argument (a NumPy array, another backend's tensor, whose code may be
+    traced) computes afresh.
     """
     if not getattr(_direct, "enabled", False):
         return compute()
-    key = (name,) + tuple(
-        a if a is None or isinstance(a, int) else id(a) for a in arguments
-    )
+    key = [name]
+    for argument in arguments:
+        if argument is None or isinstance(argument, int):
+            key.append(argument)
+        elif _is_torch_tensor(argument):
+            key.append((id(argument), argument._version))
+        else:
+            return compute()
+    key = tuple(key)
     entry = _direct.memo.get(key)
     if entry is None:
         entry = _direct.memo[key] = (arguments, compute())
     return entry[1]
+
+
+def _is_torch_tensor(value):
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 def backend_op(name):

@@ -11,6 +11,7 @@ from keras_transformer.layers._utils import (
     check_positive,
     check_rate,
     clone_initializer,
+    concrete_index,
     mask_for_fused_attention,
     memoized,
 )
@@ -238,7 +239,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding_mask,
             attention_mask,
             bool(use_causal_mask),
-            cache_update_index,
+            concrete_index(cache_update_index),
         )
         mask = memoized(
             "attention_mask",

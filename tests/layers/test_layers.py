@@ -2,6 +2,7 @@
 precision."""
 
 import os
+from contextlib import nullcontext
 
 import keras
 import numpy as np
@@ -14,6 +15,7 @@ from keras_transformer.layers._utils import (
     call_layer,
     concrete_index,
     direct_sublayer_calls,
+    memoized,
 )
 from tests.helpers import decoding_direct_calls, to_numpy
 
@@ -160,11 +162,51 @@ def test_concrete_index_only_inside_direct_calls():
         assert concrete_index(None) is None
 
 
+def test_memoized_shares_only_unchanged_torch_tensors():
+    """`memoized` computes once per context for the same ints, None and
+    torch tensors; a tensor written in place since, any other argument
+    (a NumPy array, another backend's tensor) and a new context compute
+    again, and outside the context every call computes."""
+    calls = []
+
+    def compute():
+        calls.append(None)
+        return len(calls)
+
+    tensor = ops.convert_to_tensor(np.zeros((2, 3)), "float32")
+    array = np.zeros((2, 3))
+    on_torch = keras.backend.backend() == "torch"
+    memoized("x", (tensor, 1), compute)
+    memoized("x", (tensor, 1), compute)
+    assert len(calls) == 2
+    with direct_sublayer_calls():
+        first = memoized("x", (tensor, 1, None), compute)
+        again = memoized("x", (tensor, 1, None), compute)
+        assert (again == first) is on_torch
+        assert len(calls) == (3 if on_torch else 4)
+        memoized("x", (tensor, 2, None), compute)
+        memoized("y", (tensor, 1, None), compute)
+        assert len(calls) == (5 if on_torch else 6)
+        memoized("x", (array, 1), compute)
+        memoized("x", (array, 1), compute)
+        assert len(calls) == (7 if on_torch else 8)
+        if on_torch:
+            tensor.add_(1.0)
+            memoized("x", (tensor, 1, None), compute)
+            assert len(calls) == 8
+    with direct_sublayer_calls():
+        memoized("x", (tensor, 1, None), compute)
+    assert len(calls) == 9
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="the memo is torch's only"
+)
 def test_attention_masks_are_shared_only_inside_direct_calls(rng, monkeypatch):
-    """Inside `direct_sublayer_calls`, attention layers given the same
-    mask tensors (as a decoding step's layers are) merge them once; a
-    different tensor, index or context merges again, and outside the
-    context every call merges."""
+    """Inside `direct_sublayer_calls` on torch, attention layers given the
+    same mask tensors, index and lengths (as a decoding step's layers are)
+    merge them once; a different tensor, index, length or context merges
+    again, and outside the context every call merges."""
     from keras_transformer.layers import multi_head_attention
 
     merges = []
@@ -192,12 +234,53 @@ def test_attention_masks_are_shared_only_inside_direct_calls(rng, monkeypatch):
         assert len(merges) == 3
         first(query, key_padding_mask=same_values, use_causal_mask=True)
         first(query, key_padding_mask=mask)
-        assert len(merges) == 5
+        # Fewer queries over the same keys and mask: another length.
+        first(query[:, :2], query, key_padding_mask=mask, use_causal_mask=True)
+        assert len(merges) == 6
     with direct_sublayer_calls():
         first(query, key_padding_mask=mask, use_causal_mask=True)
-    assert len(merges) == 6
+    assert len(merges) == 7
     for want, have in zip(expected, got, strict=True):
         np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="the memo is torch's only"
+)
+def test_shared_masks_follow_cache_indices_and_in_place_writes(rng):
+    """A self-attention cache filled step by step inside the context, with
+    the index as a tensor bumped in place and a padding mask written in
+    place, gives what fresh tensors give outside it."""
+    import torch
+
+    layer = layers.MultiHeadAttention(num_heads=4)
+    steps = 4
+    x = rng.normal(size=(2, steps, HIDDEN)).astype("float32")
+    layer(x)
+
+    def run(in_context):
+        cache = torch.zeros((2, 2, steps, 4, HIDDEN // 4))
+        index = torch.tensor(0)
+        padding = torch.zeros((2, steps), dtype=torch.int32)
+        outputs = []
+        context = direct_sublayer_calls() if in_context else nullcontext()
+        with torch.no_grad(), context:
+            for step in range(steps):
+                padding[:, step] = 1
+                key_padding = padding if in_context else padding.clone()
+                at = index if in_context else torch.tensor(step)
+                out, cache = layer(
+                    x[:, step : step + 1],
+                    key_padding_mask=key_padding,
+                    use_causal_mask=True,
+                    cache=cache,
+                    cache_update_index=at,
+                )
+                outputs.append(to_numpy(out))
+                index += 1
+        return np.concatenate(outputs, axis=1)
+
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(
