@@ -4,6 +4,7 @@ cached decoder one step at a time, compiled once per bucket of shapes."""
 import dataclasses
 import math
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -178,17 +179,29 @@ class Generator:
 
             encoded = model.encode(source_ids, source_mask)
             if use_cache:
-                full_cache = model.init_cache(encoded, max_length)
-                zeros = full_cache["self_attention"]
-                # Zeros of its own for every row (not a repeat, which may
-                # be a broadcast view): torch decoding writes into it.
+                # Split caches for XLA, which then reads and updates each
+                # layer's keys and values in place; torch's eager steps
+                # write into one stacked cache in place instead.
+                full_cache = model.init_cache(
+                    encoded,
+                    max_length,
+                    stacked=keras.backend.backend() == "torch",
+                )
+                # Zeros of their own for every row (not a repeat, which
+                # may be a broadcast view): torch decoding writes into
+                # them.
                 cache = {
-                    "self_attention": ops.zeros(
-                        (rows,) + tuple(zeros.shape[1:]), zeros.dtype
+                    "self_attention": keras.tree.map_structure(
+                        lambda zeros: ops.zeros(
+                            (rows,) + tuple(zeros.shape[1:]), zeros.dtype
+                        ),
+                        full_cache["self_attention"],
                     )
                 }
                 constants = {
-                    "cross_attention": repeat(full_cache["cross_attention"]),
+                    "cross_attention": keras.tree.map_structure(
+                        repeat, full_cache["cross_attention"]
+                    ),
                     "encoder_padding_mask": repeat(source_mask),
                 }
                 step_fn = self._cached_step

@@ -14,8 +14,9 @@ loop, so the loop compiles under `jax.jit` and `tf.function` (see
   column 0 and the token generated at step ``t`` in column ``t + 1``.
 - ``index``: scalar int32 tensor ``t``; the step feeds ``sequences[:, t]``
   and returns the logits of the token at column ``t + 1``, ``(rows, V)``.
-- ``cache``: a dict of tensors whose first axis is ``rows``; beam search
-  reorders it along that axis when hypotheses are extended. ``step_fn``
+- ``cache``: a dict of tensors, or of nested tuples of them, whose first
+  axis is ``rows``; beam search reorders every one of them along that
+  axis when hypotheses are extended. ``step_fn``
   may write into the cache it is given (torch's eager decoding does), so
   a cache passed to ``step_fn`` is never read again: the searches go on
   with the cache it returns.
@@ -36,6 +37,7 @@ Conventions shared by all three searches:
   penalty of Hugging Face ``transformers`` (see `hf_beam_search`).
 """
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -318,9 +320,9 @@ def _select_alive(expanded, alive_candidates, beam_size, cache):
     batch_size = parents.shape[0]
     offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
     parents = ops.reshape(parents + offsets, (batch_size * beam_size,))
-    cache = {
-        key: ops.take(value, parents, axis=0) for key, value in cache.items()
-    }
+    cache = keras.tree.map_structure(
+        lambda value: ops.take(value, parents, axis=0), cache
+    )
     return log_probs, sequences, cache
 
 

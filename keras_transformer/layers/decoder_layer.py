@@ -32,9 +32,13 @@ class TransformerDecoderLayer(ResidualBlockBase):
         decoder_padding_mask: ``(batch, target_length)``, 1 for real tokens
             (with a cache: ``(batch, cache_length)`` or None).
         encoder_padding_mask: ``(batch, source_length)``, 1 for real tokens.
-        self_attention_cache: ``(batch, 2, max_length, h, d_k)``.
+        self_attention_cache: ``(batch, 2, max_length, h, d_k)``, or
+            split, a ``(keys, values)`` tuple of ``(batch, h, max_length,
+            d_k)`` tensors (see `MultiHeadAttention`).
         self_attention_cache_update_index: int or scalar tensor.
-        cross_attention_cache: ``(batch, 2, source_length, h, d_k)``.
+        cross_attention_cache: ``(batch, 2, source_length, h, d_k)``, or
+            split, a ``(keys, values)`` tuple of ``(batch, h,
+            source_length, d_k)`` tensors.
         return_attention_scores: also return a dict with the weights of
             ``"self_attention"`` and ``"cross_attention"``.
         training: whether dropout is active.
@@ -61,9 +65,13 @@ class TransformerDecoderLayer(ResidualBlockBase):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
-    def compute_cross_attention_cache(self, encoder_sequence):
-        """Cross-attention keys and values, computed once per source."""
-        return self.cross_attention.compute_key_value_cache(encoder_sequence)
+    def compute_cross_attention_cache(self, encoder_sequence, stacked=True):
+        """Cross-attention keys and values, computed once per source:
+        stacked, or split with ``stacked=False`` (see
+        `MultiHeadAttention.compute_key_value_cache`)."""
+        return self.cross_attention.compute_key_value_cache(
+            encoder_sequence, stacked=stacked
+        )
 
     def call(
         self,

@@ -75,8 +75,10 @@ class MultiHeadAttention(keras.layers.Layer):
     query from seeing later keys. They combine with a logical and.
 
     Incremental decoding (section 3.2.3 in the decoder, one position at a
-    time) uses a key/value cache of shape
-    ``(batch, 2, max_length, num_heads, head_dim)``:
+    time) uses a key/value cache, either stacked, one tensor of shape
+    ``(batch, 2, max_length, num_heads, head_dim)``, or split, a
+    ``(keys, values)`` tuple of ``(batch, num_heads, max_length,
+    head_dim)`` tensors:
 
     - self-attention: pass ``cache`` and ``cache_update_index``; the keys
       and values of ``query`` are written into the cache at that index and
@@ -84,6 +86,14 @@ class MultiHeadAttention(keras.layers.Layer):
     - cross-attention: compute the cache once with
       `compute_key_value_cache(encoder_output)` and pass it as ``cache``
       without an index; ``value`` is then ignored.
+
+    The split layout is for compiled decoding loops (XLA): each step
+    reads the keys and values where they lie, in the heads-first layout
+    of the attention's matrix products, and updates them in place. The
+    stacked one is sliced into keys and values and transposed, which XLA
+    does by copying the cache at every step. The attention of a single
+    query on a split cache is computed as two batched matrix-vector
+    products (`keras.ops.einsum`).
 
     Args:
         num_heads: h, the number of heads.
@@ -176,19 +186,19 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         self.built = True
 
-    def compute_key_value_cache(self, value, key=None):
+    def compute_key_value_cache(self, value, key=None, stacked=True):
         """Projects encoder outputs once for cached cross-attention.
 
-        Returns a ``(batch, 2, key_length, num_heads, head_dim)`` tensor.
+        Returns a ``(batch, 2, key_length, num_heads, head_dim)`` tensor,
+        or with ``stacked=False`` a ``(keys, values)`` tuple of ``(batch,
+        num_heads, key_length, head_dim)`` tensors.
         """
         key = value if key is None else key
-        return ops.stack(
-            [
-                call_layer(self.key_dense, key),
-                call_layer(self.value_dense, value),
-            ],
-            1,
-        )
+        keys = call_layer(self.key_dense, key)
+        values = call_layer(self.value_dense, value)
+        if stacked:
+            return ops.stack([keys, values], 1)
+        return (_heads_first(keys), _heads_first(values))
 
     def call(
         self,
@@ -207,7 +217,31 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         # (batch, query_length, num_heads, head_dim)
         q = call_layer(self.query_dense, query)
-        if cache is not None and cache_update_index is not None:
+        split = isinstance(cache, (tuple, list))
+        if split and len(cache) != 2:
+            raise ValueError(
+                f"A split cache is a (keys, values) pair; got a "
+                f"{type(cache).__name__} of {len(cache)}. Pass the two "
+                "(batch, num_heads, length, head_dim) tensors."
+            )
+        if split and cache_update_index is not None:
+            # Self-attention step, split cache: write this step's keys
+            # and values, heads first.
+            start = [0, 0, cache_update_index, 0]
+            cache = tuple(
+                ops.slice_update(
+                    part, start, _heads_first(call_layer(dense, x))
+                )
+                for part, dense, x in (
+                    (cache[0], self.key_dense, key),
+                    (cache[1], self.value_dense, value),
+                )
+            )
+            k, v = cache
+        elif split:
+            # Cross-attention: keys and values were computed once.
+            k, v = cache
+        elif cache is not None and cache_update_index is not None:
             # Self-attention step: write this step's keys and values.
             k = call_layer(self.key_dense, key)
             v = call_layer(self.value_dense, value)
@@ -235,7 +269,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # a step given the same masks share the merged one.
         mask_arguments = (
             ops.shape(q)[1],
-            ops.shape(k)[1],
+            ops.shape(k)[2 if split else 1],
             key_padding_mask,
             attention_mask,
             bool(use_causal_mask),
@@ -247,7 +281,14 @@ class MultiHeadAttention(keras.layers.Layer):
             lambda: _merged_mask(*mask_arguments),
         )
         explicit = return_attention_scores or (self.dropout > 0 and training)
-        if explicit:
+        one_query = split and q.shape[1] == 1 and not explicit
+        if split and not one_query:
+            # The general path below takes keys and values length first.
+            k, v = _heads_first(k), _heads_first(v)
+        if one_query:
+            output = self._one_query_attention(q, k, v, mask)
+            scores = None
+        elif explicit:
             output, scores = self._explicit_attention(q, k, v, mask, training)
         else:
             mask = mask_for_fused_attention(
@@ -265,6 +306,21 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
+
+    def _one_query_attention(self, q, k, v, mask):
+        """Attention of one query position on a split cache: ``q`` is
+        ``(batch, 1, heads, head_dim)``, ``k`` and ``v`` are ``(batch,
+        heads, keys, head_dim)``. Logits and softmax in float32."""
+        scale = ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        # (batch, heads, keys)
+        logits = ops.einsum("bnh,bnsh->bns", q[:, 0] * scale, k)
+        logits = ops.cast(logits, "float32")
+        if mask is not None:
+            # (batch or 1, 1, 1, keys) -> (batch or 1, 1, keys)
+            logits = ops.where(mask[:, 0], logits, _MASK_LOGIT)
+        weights = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
+        # (batch, 1, heads, head_dim)
+        return ops.einsum("bns,bnsh->bnh", weights, v)[:, None]
 
     def _explicit_attention(self, q, k, v, mask, training):
         # Logits and softmax in float32, also under mixed precision.
@@ -296,6 +352,12 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _heads_first(x):
+    """``(batch, length, heads, head_dim)`` <-> ``(batch, heads, length,
+    head_dim)``: the transposition is its own inverse."""
+    return ops.transpose(x, (0, 2, 1, 3))
 
 
 def _merged_mask(

@@ -332,7 +332,7 @@ class Transformer(keras.Model):
                     training=training,
                 )
             else:
-                view = cache["self_attention"][:, i]
+                view = _layer_cache(cache["self_attention"], i)
                 x, layer_cache = call_layer(
                     layer,
                     x,
@@ -340,7 +340,9 @@ class Transformer(keras.Model):
                     encoder_padding_mask=encoder_padding_mask,
                     self_attention_cache=view,
                     self_attention_cache_update_index=cache_update_index,
-                    cross_attention_cache=cache["cross_attention"][:, i],
+                    cross_attention_cache=_layer_cache(
+                        cache["cross_attention"], i
+                    ),
                     training=training,
                 )
                 new_self_cache.append(layer_cache)
@@ -352,6 +354,9 @@ class Transformer(keras.Model):
         if backend_override("write_cache_in_place") and all(written_in_place):
             # Every layer wrote into its view of the cache and returned it.
             return x, cache
+        if isinstance(cache["self_attention"], (tuple, list)):
+            new_self_cache = tuple(tuple(pair) for pair in new_self_cache)
+            return x, dict(cache, self_attention=new_self_cache)
         cache = dict(cache, self_attention=ops.stack(new_self_cache, axis=1))
         return x, cache
 
@@ -418,7 +423,7 @@ class Transformer(keras.Model):
             encoder_token_ids, encoder_padding_mask, training=training
         )
 
-    def init_cache(self, encoder_output, max_length):
+    def init_cache(self, encoder_output, max_length, stacked=True):
         """The key/value caches for decoding up to ``max_length`` tokens.
 
         Returns a dict: ``"self_attention"``, zeros of shape
@@ -426,6 +431,13 @@ class Transformer(keras.Model):
         and ``"cross_attention"``, the encoder output's keys and values for
         every layer, ``(batch, num_decoder_layers, 2, source_length,
         num_heads, head_dim)``, computed here once.
+
+        With ``stacked=False`` each entry is instead a tuple with one
+        ``(keys, values)`` pair per decoder layer, each tensor ``(batch,
+        num_heads, length, head_dim)``: the layout for a compiled decoding
+        loop, which XLA then reads and updates in place instead of
+        slicing and transposing the stacked caches every step (see
+        `MultiHeadAttention`). `decode` takes either and returns the same.
         """
         if max_length > self.max_sequence_length:
             raise ValueError(
@@ -434,6 +446,23 @@ class Transformer(keras.Model):
             )
         batch_size = ops.shape(encoder_output)[0]
         head_dim = self.hidden_dim // self.num_heads
+        if not stacked:
+            shape = (batch_size, self.num_heads, max_length, head_dim)
+            return {
+                "self_attention": tuple(
+                    (
+                        ops.zeros(shape, dtype=self.compute_dtype),
+                        ops.zeros(shape, dtype=self.compute_dtype),
+                    )
+                    for _ in self.decoder_layers
+                ),
+                "cross_attention": tuple(
+                    layer.compute_cross_attention_cache(
+                        encoder_output, stacked=False
+                    )
+                    for layer in self.decoder_layers
+                ),
+            }
         self_attention = ops.zeros(
             (
                 batch_size,
@@ -470,7 +499,8 @@ class Transformer(keras.Model):
 
         Args:
             decoder_token_ids: ``(batch, steps)``, usually one step.
-            cache: from `init_cache` or a previous `decode`.
+            cache: from `init_cache` (stacked or split) or a previous
+                `decode`.
             cache_update_index: position of the first token of this call.
             encoder_padding_mask: ``(batch, source_length)``.
             decoder_padding_mask: optional ``(batch, max_length)`` mask of
@@ -644,3 +674,10 @@ class Transformer(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+def _layer_cache(cache, index):
+    """Decoder layer ``index``'s part of a stacked or split cache."""
+    if isinstance(cache, (tuple, list)):
+        return tuple(cache[index])
+    return cache[:, index]

@@ -1,9 +1,10 @@
 """Decoding a `Transformer`: cache, beam search, scores and lengths."""
 
+import keras
 import numpy as np
 import pytest
 
-from keras_transformer.generation import hypothesis_lengths
+from keras_transformer.generation import Generator, hypothesis_lengths
 from tests.generation.conftest import (
     END,
     PAD,
@@ -187,6 +188,32 @@ def test_compiles_once_per_bucket(random_generator, random_sources):
     # row's result.
     np.testing.assert_array_equal(again.token_ids, first.token_ids[rows])
     np.testing.assert_array_equal(again.lengths, first.lengths[rows])
+
+
+def test_cache_layout_follows_the_backend(
+    trained_generator, test_batch, monkeypatch
+):
+    """Split caches where XLA compiles the search (each layer's keys and
+    values read and updated in place), one stacked cache on torch (its
+    eager steps write into it in place)."""
+    model = trained_generator.model
+    init_cache = model.init_cache
+    layouts = []
+
+    def spy(encoder_output, max_length, stacked=True):
+        layouts.append(stacked)
+        return init_cache(encoder_output, max_length, stacked)
+
+    monkeypatch.setattr(model, "init_cache", spy)
+    ids, mask = test_batch
+    result = Generator(model).generate(
+        ids[:3], mask[:3], method="beam", beam_size=2, max_length=5
+    )
+    assert set(layouts) == {keras.backend.backend() == "torch"}
+    expected = trained_generator.generate(
+        ids[:3], mask[:3], method="beam", beam_size=2, max_length=5
+    )
+    np.testing.assert_array_equal(result.token_ids, expected.token_ids)
 
 
 def test_sampling(trained_generator, test_batch):

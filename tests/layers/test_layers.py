@@ -587,3 +587,60 @@ def test_sublayers_get_distinct_initial_weights():
 def test_bad_arguments_name_the_value(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+@pytest.mark.parametrize("scores", [False, True], ids=["fused", "weights"])
+def test_split_and_stacked_caches_attend_alike(scores, rng):
+    """Self- and cross-attention steps on a split cache (keys and values
+    apart, heads first) give the stacked cache's outputs, weights and
+    keys; one query takes the matrix-vector path, unless the weights are
+    requested."""
+    attention = layers.MultiHeadAttention(num_heads=4)
+    memory = rng.normal(size=(2, 6, HIDDEN)).astype("float32")
+    padding = np.array([[1] * 6, [1] * 3 + [0] * 3], "int32")
+    steps = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
+    attention(steps, memory, key_padding_mask=padding)
+    cross = {
+        stacked: attention.compute_key_value_cache(memory, stacked=stacked)
+        for stacked in (True, False)
+    }
+    zeros = np.zeros((2, 2, 4, 4, HIDDEN // 4), "float32")
+    own = {True: zeros, False: (zeros[:, 0].transpose(0, 2, 1, 3),) * 2}
+    for at in range(3):
+        results = {}
+        for stacked in (True, False):
+            out, *rest = attention(
+                steps[:, at : at + 1],
+                cache=own[stacked],
+                cache_update_index=at,
+                use_causal_mask=True,
+                return_attention_scores=scores,
+            )
+            own[stacked] = rest[-1]
+            # Cross-attention returns its cache unchanged, last.
+            *crossed, _ = attention(
+                steps[:, at : at + 1],
+                key_padding_mask=padding,
+                cache=cross[stacked],
+                return_attention_scores=scores,
+            )
+            results[stacked] = [out, *rest[:-1], *crossed]
+        for split, stacked in zip(results[False], results[True], strict=True):
+            np.testing.assert_allclose(
+                to_numpy(split), to_numpy(stacked), atol=1e-5, rtol=1e-5
+            )
+    np.testing.assert_allclose(
+        to_numpy(own[False][1]),
+        to_numpy(own[True])[:, 1].transpose(0, 2, 1, 3),
+        atol=1e-6,
+    )
+
+
+def test_split_cache_must_be_a_pair(rng):
+    attention = layers.MultiHeadAttention(num_heads=4)
+    x = rng.normal(size=(2, 1, HIDDEN)).astype("float32")
+    keys = np.zeros((2, 4, 3, HIDDEN // 4), "float32")
+    with pytest.raises(
+        ValueError, match=r"\(keys, values\) pair; got a tuple of 3"
+    ):
+        attention(x, cache=(keys, keys, keys))

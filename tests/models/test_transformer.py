@@ -260,6 +260,92 @@ def test_cached_decoding_equals_the_full_decoder(
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
 
 
+def _decode_in_chunks(model, batch, chunks, stacked):
+    """Logits of the whole target, decoded ``chunks`` tokens per call
+    (the last call takes what is left) with a stacked or split cache."""
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    target_length = batch["decoder_token_ids"].shape[1]
+    cache = model.init_cache(encoder_output, target_length + 2, stacked)
+    logits, start = [], 0
+    for size in chunks:
+        if start >= target_length:
+            break
+        step, cache = model.decode(
+            batch["decoder_token_ids"][:, start : start + size],
+            cache,
+            keras.ops.convert_to_tensor(start, "int32"),
+            batch["encoder_padding_mask"],
+        )
+        logits.append(to_numpy(step))
+        start += size
+    return np.concatenate(logits, axis=1)[:, :target_length], cache
+
+
+@settings(max_examples=8, deadline=None)
+@given(lengths, st.lists(st.integers(1, 3), min_size=7, max_size=7))
+def test_split_cache_decodes_as_the_full_decoder(shapes, chunks):
+    """A split cache (`init_cache(stacked=False)`, what compiled decoding
+    loops use) in calls of one to three tokens: one token takes the
+    matrix-vector attention, more take the general path."""
+    batch_size, source_length, target_length, seed = shapes
+    model = _cache_models[False]
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, batch_size, source_length, target_length)
+    batch["decoder_padding_mask"][:] = 1
+    full = logits_of(model, batch)
+    split, cache = _decode_in_chunks(model, batch, chunks, stacked=False)
+    np.testing.assert_allclose(split, full, atol=1e-5, rtol=1e-5)
+    stacked, stacked_cache = _decode_in_chunks(model, batch, [1] * 7, True)
+    # The same keys and values as the stacked cache, heads first.
+    for name in ("self_attention", "cross_attention"):
+        for layer, pair in enumerate(cache[name]):
+            for half, part in enumerate(pair):
+                np.testing.assert_allclose(
+                    to_numpy(part),
+                    to_numpy(stacked_cache[name])[:, layer, half].transpose(
+                        0, 2, 1, 3
+                    ),
+                    atol=1e-5,
+                )
+
+
+def test_split_cache_is_returned_as_given_and_left_unchanged(rng):
+    """`decode` returns a split cache as a split cache, with this step's
+    keys and values written in, and leaves the one it was given as it
+    was (except in torch's in-place decoding, which keeps stacked
+    caches)."""
+    model = _cache_models[False]
+    batch = random_batch(rng, 2, 5, 3)
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    cache = model.init_cache(encoder_output, max_length=4, stacked=False)
+    _, new = model.decode(
+        batch["decoder_token_ids"][:, :1],
+        cache,
+        keras.ops.convert_to_tensor(0, "int32"),
+        batch["encoder_padding_mask"],
+    )
+    assert isinstance(new["self_attention"], tuple)
+    assert [len(pair) for pair in new["self_attention"]] == [2, 2]
+    keys = to_numpy(new["self_attention"][0][0])
+    assert np.any(keys[:, :, 0]) and not np.any(keys[:, :, 1:])
+    assert not np.any(to_numpy(cache["self_attention"][0][0]))
+    assert new["cross_attention"] is cache["cross_attention"]
+
+
+def test_mixed_model_decodes_alike_with_split_and_stacked_caches(rng):
+    batch = random_batch(rng, 2, 6, 4)
+    batch["decoder_padding_mask"][:] = 1
+    split, _ = _decode_in_chunks(_mixed_model, batch, [1] * 4, stacked=False)
+    stacked, _ = _decode_in_chunks(_mixed_model, batch, [1] * 4, True)
+    assert split.dtype == np.float32
+    # bfloat16 products: agreement to bfloat16's precision.
+    np.testing.assert_allclose(split, stacked, atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
 def test_torch_decoding_writes_the_cache_in_place_and_only_there(dtype, rng):
     """Torch's eager decoding writes each step into the cache it is given
@@ -370,6 +456,11 @@ def test_cache_shapes():
     cache = model.init_cache(model.encode(ids, ids), max_length=11)
     assert tuple(cache["self_attention"].shape) == (2, 2, 2, 11, 4, 8)
     assert tuple(cache["cross_attention"].shape) == (2, 2, 2, 7, 4, 8)
+    split = model.init_cache(model.encode(ids, ids), 11, stacked=False)
+    for name, length in (("self_attention", 11), ("cross_attention", 7)):
+        assert [
+            [tuple(part.shape) for part in pair] for pair in split[name]
+        ] == [[(2, 4, length, 8)] * 2] * 2
 
 
 # --- training
