@@ -2,6 +2,7 @@
 
     python -m benchmarks.decoding [--quick] [--smoke] [--threads N]
         [--batch-sizes 1 32] [--dtype mixed_bfloat16] [--output FILE.json]
+        [--compare-cache-layouts]
 
 1. Base model (Table 3, random weights, vocabulary 8000), 32 output tokens
    at batch 1 and 8 at batch 32 (``--steps``), forced by banning the end
@@ -10,7 +11,9 @@
    decoder re-runs over the whole output buffer every step and only the
    current position is projected onto the vocabulary), greedy and beam 4.
    Contestants alternate in rounds; medians are reported after a warm-up
-   call that compiles.
+   call that compiles. ``--compare-cache-layouts`` adds the cached search
+   with the other key/value cache layout than the backend's default
+   (``Generator(cache_layout=...)``) as a third contestant.
 2. Sentences per second with beam 4 (alpha 0.6, input length + 50) on
    Multi30k test2016 (``/work/shared/data/multi30k/test.en``) with the tiny
    configuration and a tokenizer trained on the training set. Weights are
@@ -65,6 +68,7 @@ def cached_versus_uncached(
     config="base",
     dtype=None,
     vocabulary_size=8000,
+    compare_layouts=False,
 ):
     import keras
     import numpy as np
@@ -84,6 +88,10 @@ def cached_versus_uncached(
     )
     # The end token is banned so that every run decodes exactly `steps`.
     generator = Generator(model, banned_ids=(0, 2, 3))
+    other = None
+    if compare_layouts:
+        layout = "stacked" if generator.cache_layout == "split" else "split"
+        other = Generator(model, banned_ids=(0, 2, 3), cache_layout=layout)
     rows = []
     for batch_size in batch_sizes:
         batch_steps = steps.get(batch_size, 32 if batch_size < 8 else 8)
@@ -99,6 +107,10 @@ def cached_versus_uncached(
                 )
                 for use_cache in (True, False)
             }
+            if other is not None:
+                contestants["other_layout"] = _decode_call(
+                    other, ids, method, beam, batch_steps, True
+                )
             compile_s = {k: _time(fn) for k, fn in contestants.items()}
             times = _common.interleaved(contestants, rounds, _time)
             cached = statistics.median(times[True])
@@ -117,14 +129,28 @@ def cached_versus_uncached(
                     "per_round"
                 ],
                 "cached_tokens_per_s": batch_size * batch_steps / cached,
+                "cache_layout": generator.cache_layout,
                 "first_call_s": compile_s,
             }
+            layout_note = ""
+            if other is not None:
+                row["other_layout"] = other.cache_layout
+                row["other_layout_s"] = statistics.median(times["other_layout"])
+                row["other_layout_s_per_round"] = times["other_layout"]
+                row["layout_speedup"] = _common.ratios(
+                    times, "other_layout", True
+                )
+                layout_note = (
+                    f"  {other.cache_layout} cache "
+                    f"{row['other_layout_s']:7.3f}s "
+                    f"({row['layout_speedup']['median']:4.2f}x)"
+                )
             rows.append(row)
             print(
                 f"  batch {batch_size:3d} {row['method']:6s} "
                 f"{batch_steps} tokens  cached "
                 f"{cached:7.3f}s  uncached {uncached:7.3f}s  "
-                f"speedup {row['speedup']:5.1f}x",
+                f"speedup {row['speedup']:5.1f}x{layout_note}",
                 flush=True,
             )
     return rows
@@ -193,6 +219,11 @@ def main(argv=None):
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--skip-base", action="store_true")
+    parser.add_argument(
+        "--compare-cache-layouts",
+        action="store_true",
+        help="also time the cached search with the other cache layout",
+    )
     parser.add_argument("--skip-multi30k", action="store_true")
     parser.add_argument(
         "--smoke",
@@ -236,6 +267,7 @@ def main(argv=None):
             config=config,
             dtype=dtype,
             vocabulary_size=64 if args.smoke else 8000,
+            compare_layouts=args.compare_cache_layouts,
         )
     if not args.skip_multi30k:
         print("Multi30k test2016, beam 4, tiny model:")

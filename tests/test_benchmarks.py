@@ -69,20 +69,31 @@ def test_training_dropout_replaces_the_configurations(tmp_path):
 
 
 def test_decoding_smoke(tmp_path):
+    output = tmp_path / "d.json"
     report = decoding.main(
-        ["--smoke", "--threads", "0", "--output", str(tmp_path / "d.json")]
+        ["--smoke", "--threads", "0", "--output", str(output)]
+        + ["--compare-cache-layouts"]
     )
     rows = report["cached_vs_uncached"]
     assert [(r["batch_size"], r["method"]) for r in rows] == [
         (1, "greedy"),
         (1, "beam4"),
     ]
+    layouts = {"split", "stacked"}
     for row in rows:
         assert row["steps"] == 4
         assert row["cached_s"] > 0 and row["uncached_s"] > 0
         assert row["speedup"] == pytest.approx(
             row["uncached_s"] / row["cached_s"]
         )
+        assert {row["cache_layout"], row["other_layout"]} == layouts
+        assert row["layout_speedup"]["per_round"] == [
+            pytest.approx(row["other_layout_s"] / row["cached_s"])
+        ]
+    assert (
+        json.loads(output.read_text())["cached_vs_uncached"][0]["other_layout"]
+        == rows[0]["other_layout"]
+    )
 
 
 def test_end_to_end_smoke(tmp_path):

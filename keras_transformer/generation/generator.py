@@ -12,6 +12,7 @@ from keras_transformer.generation import search
 from keras_transformer.generation.compile import compile_function
 
 METHODS = ("greedy", "beam", "sample")
+CACHE_LAYOUTS = ("split", "stacked")
 
 # Source lengths are padded up to one of these (then to multiples of the
 # largest), and batches to a power of two, so that a whole test set
@@ -95,6 +96,11 @@ class Generator:
         start_id, end_id, pad_id: special token ids (the tokenizer's).
         banned_ids: tokens never generated; by default padding and start.
         jit_compile: compile with XLA on TensorFlow.
+        cache_layout: ``"split"`` or ``"stacked"`` key/value caches (see
+            `Transformer.init_cache`). By default stacked on torch, whose
+            eager steps write into it in place, and split elsewhere: XLA
+            reads and updates split caches in place, while it copies
+            slices of stacked ones at every step.
 
     Example:
     >>> generator = Generator(model)
@@ -110,6 +116,7 @@ class Generator:
         pad_id=0,
         banned_ids=None,
         jit_compile=True,
+        cache_layout=None,
     ):
         self.model = model
         self.start_id = int(start_id)
@@ -119,6 +126,11 @@ class Generator:
             banned_ids = (self.pad_id, self.start_id)
         self.banned_ids = tuple(banned_ids)
         self.jit_compile = jit_compile
+        if cache_layout is None:
+            torch = keras.backend.backend() == "torch"
+            cache_layout = "stacked" if torch else "split"
+        _check_choice("cache_layout", cache_layout, CACHE_LAYOUTS)
+        self.cache_layout = cache_layout
         self.vocabulary_size = (
             model.target_vocabulary_size or model.vocabulary_size
         )
@@ -179,13 +191,10 @@ class Generator:
 
             encoded = model.encode(source_ids, source_mask)
             if use_cache:
-                # Split caches for XLA, which then reads and updates each
-                # layer's keys and values in place; torch's eager steps
-                # write into one stacked cache in place instead.
                 full_cache = model.init_cache(
                     encoded,
                     max_length,
-                    stacked=keras.backend.backend() == "torch",
+                    stacked=self.cache_layout == "stacked",
                 )
                 # Zeros of their own for every row (not a repeat, which
                 # may be a broadcast view): torch decoding writes into

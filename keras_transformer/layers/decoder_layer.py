@@ -65,7 +65,7 @@ class TransformerDecoderLayer(ResidualBlockBase):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
-    def compute_cross_attention_cache(self, encoder_sequence, stacked=True):
+    def compute_cross_attention_cache(self, encoder_sequence, *, stacked=True):
         """Cross-attention keys and values, computed once per source:
         stacked, or split with ``stacked=False`` (see
         `MultiHeadAttention.compute_key_value_cache`)."""

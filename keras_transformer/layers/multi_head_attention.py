@@ -84,14 +84,16 @@ class MultiHeadAttention(keras.layers.Layer):
       and values of ``query`` are written into the cache at that index and
       the query attends to cache positions ``<= cache_update_index + i``.
     - cross-attention: compute the cache once with
-      `compute_key_value_cache(encoder_output)` and pass it as ``cache``
-      without an index; ``value`` is then ignored.
+      `compute_key_value_cache(encoder_output)` (``stacked=False`` for a
+      split one) and pass it as ``cache`` without an index; ``value`` is
+      then ignored.
 
     The split layout is for compiled decoding loops (XLA): each step
     reads the keys and values where they lie, in the heads-first layout
-    of the attention's matrix products, and updates them in place. The
-    stacked one is sliced into keys and values and transposed, which XLA
-    does by copying the cache at every step. The attention of a single
+    of the attention's matrix products, and XLA updates them in place
+    (eager backends copy the updated half). The stacked one is sliced
+    into keys and values and transposed, which XLA does by copying the
+    cache at every step. The attention of a single
     query on a split cache is computed as two batched matrix-vector
     products (`keras.ops.einsum`).
 
@@ -186,7 +188,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         self.built = True
 
-    def compute_key_value_cache(self, value, key=None, stacked=True):
+    def compute_key_value_cache(self, value, key=None, *, stacked=True):
         """Projects encoder outputs once for cached cross-attention.
 
         Returns a ``(batch, 2, key_length, num_heads, head_dim)`` tensor,
@@ -218,26 +220,21 @@ class MultiHeadAttention(keras.layers.Layer):
         # (batch, query_length, num_heads, head_dim)
         q = call_layer(self.query_dense, query)
         split = isinstance(cache, (tuple, list))
-        if split and len(cache) != 2:
-            raise ValueError(
-                f"A split cache is a (keys, values) pair; got a "
-                f"{type(cache).__name__} of {len(cache)}. Pass the two "
-                "(batch, num_heads, length, head_dim) tensors."
-            )
+        if split:
+            self._check_split_cache(cache)
         if split and cache_update_index is not None:
             # Self-attention step, split cache: write this step's keys
             # and values, heads first.
             start = [0, 0, cache_update_index, 0]
-            cache = tuple(
-                ops.slice_update(
-                    part, start, _heads_first(call_layer(dense, x))
-                )
-                for part, dense, x in (
-                    (cache[0], self.key_dense, key),
-                    (cache[1], self.value_dense, value),
-                )
+            keys = ops.slice_update(
+                cache[0], start, _heads_first(call_layer(self.key_dense, key))
             )
-            k, v = cache
+            values = ops.slice_update(
+                cache[1],
+                start,
+                _heads_first(call_layer(self.value_dense, value)),
+            )
+            cache = k, v = keys, values
         elif split:
             # Cross-attention: keys and values were computed once.
             k, v = cache
@@ -267,9 +264,11 @@ class MultiHeadAttention(keras.layers.Layer):
 
         # Inside `direct_sublayer_calls` (torch's decoding), the layers of
         # a step given the same masks share the merged one.
+        # Split caches hold the keys heads first.
+        key_length = ops.shape(k)[2] if split else ops.shape(k)[1]
         mask_arguments = (
             ops.shape(q)[1],
-            ops.shape(k)[2 if split else 1],
+            key_length,
             key_padding_mask,
             attention_mask,
             bool(use_causal_mask),
@@ -307,14 +306,33 @@ class MultiHeadAttention(keras.layers.Layer):
             results += (cache,)
         return results[0] if len(results) == 1 else results
 
+    def _check_split_cache(self, cache):
+        shapes = [tuple(part.shape) for part in cache]
+        expected = (self.num_heads, None, self.head_dim)
+        if len(cache) != 2 or any(
+            len(shape) != 4
+            or any(
+                want is not None and have is not None and want != have
+                for want, have in zip(expected, shape[1:], strict=True)
+            )
+            for shape in shapes
+        ):
+            raise ValueError(
+                f"A split cache is a (keys, values) pair of (batch, "
+                f"num_heads={self.num_heads}, length, "
+                f"head_dim={self.head_dim}) tensors, heads first; got "
+                f"{len(cache)} tensors of shapes {shapes}. Make it with "
+                "`Transformer.init_cache(..., stacked=False)` or "
+                "`compute_key_value_cache(..., stacked=False)`."
+            )
+
     def _one_query_attention(self, q, k, v, mask):
         """Attention of one query position on a split cache: ``q`` is
         ``(batch, 1, heads, head_dim)``, ``k`` and ``v`` are ``(batch,
         heads, keys, head_dim)``. Logits and softmax in float32."""
-        scale = ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        q32 = ops.cast(q[:, 0], "float32") * (1.0 / math.sqrt(self.head_dim))
         # (batch, heads, keys)
-        logits = ops.einsum("bnh,bnsh->bns", q[:, 0] * scale, k)
-        logits = ops.cast(logits, "float32")
+        logits = ops.einsum("bnh,bnsh->bns", q32, ops.cast(k, "float32"))
         if mask is not None:
             # (batch or 1, 1, 1, keys) -> (batch or 1, 1, keys)
             logits = ops.where(mask[:, 0], logits, _MASK_LOGIT)

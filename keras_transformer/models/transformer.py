@@ -423,7 +423,7 @@ class Transformer(keras.Model):
             encoder_token_ids, encoder_padding_mask, training=training
         )
 
-    def init_cache(self, encoder_output, max_length, stacked=True):
+    def init_cache(self, encoder_output, max_length, *, stacked=True):
         """The key/value caches for decoding up to ``max_length`` tokens.
 
         Returns a dict: ``"self_attention"``, zeros of shape
@@ -434,7 +434,8 @@ class Transformer(keras.Model):
 
         With ``stacked=False`` each entry is instead a tuple with one
         ``(keys, values)`` pair per decoder layer, each tensor ``(batch,
-        num_heads, length, head_dim)``: the layout for a compiled decoding
+        num_heads, max_length, head_dim)`` (``source_length`` for
+        cross-attention): the layout for a compiled decoding
         loop, which XLA then reads and updates in place instead of
         slicing and transposing the stacked caches every step (see
         `MultiHeadAttention`). `decode` takes either and returns the same.
@@ -511,7 +512,7 @@ class Transformer(keras.Model):
             vocabulary_size)`` and the cache with this step written in.
             A new cache, except inside the eager decoding of torch
             (`generation.compile.torch_direct_calls`), which writes the
-            step into ``cache`` itself and returns it.
+            step into a stacked ``cache`` itself and returns it.
         """
         x, cache = self._decode(
             decoder_token_ids,

@@ -190,30 +190,37 @@ def test_compiles_once_per_bucket(random_generator, random_sources):
     np.testing.assert_array_equal(again.lengths, first.lengths[rows])
 
 
-def test_cache_layout_follows_the_backend(
-    trained_generator, test_batch, monkeypatch
+@pytest.mark.parametrize("layout", [None, "split", "stacked"])
+def test_cache_layouts_find_the_same_hypotheses(
+    trained_generator, test_batch, layout, monkeypatch
 ):
-    """Split caches where XLA compiles the search (each layer's keys and
-    values read and updated in place), one stacked cache on torch (its
-    eager steps write into it in place)."""
-    model = trained_generator.model
-    init_cache = model.init_cache
-    layouts = []
+    """By default split caches where XLA compiles the search (one query
+    attending by matrix-vector products), one stacked cache on torch
+    (its eager steps write into it in place); either layout on any
+    backend finds the same hypotheses."""
+    from keras_transformer.layers import MultiHeadAttention
 
-    def spy(encoder_output, max_length, stacked=True):
-        layouts.append(stacked)
-        return init_cache(encoder_output, max_length, stacked)
+    one_query = MultiHeadAttention._one_query_attention
+    calls = []
 
-    monkeypatch.setattr(model, "init_cache", spy)
+    def counted(self, *args):
+        calls.append(1)
+        return one_query(self, *args)
+
+    monkeypatch.setattr(MultiHeadAttention, "_one_query_attention", counted)
+    generator = Generator(trained_generator.model, cache_layout=layout)
+    torch = keras.backend.backend() == "torch"
+    expected_layout = layout or ("stacked" if torch else "split")
+    assert generator.cache_layout == expected_layout
     ids, mask = test_batch
-    result = Generator(model).generate(
-        ids[:3], mask[:3], method="beam", beam_size=2, max_length=5
+    kwargs = dict(method="beam", beam_size=2, max_length=5)
+    result = generator.generate(ids[:3], mask[:3], **kwargs)
+    assert bool(calls) == (expected_layout == "split")
+    full = trained_generator.generate(
+        ids[:3], mask[:3], use_cache=False, **kwargs
     )
-    assert set(layouts) == {keras.backend.backend() == "torch"}
-    expected = trained_generator.generate(
-        ids[:3], mask[:3], method="beam", beam_size=2, max_length=5
-    )
-    np.testing.assert_array_equal(result.token_ids, expected.token_ids)
+    np.testing.assert_array_equal(result.token_ids, full.token_ids)
+    np.testing.assert_allclose(result.scores, full.scores, atol=1e-4)
 
 
 def test_sampling(trained_generator, test_batch):
@@ -247,6 +254,11 @@ def test_sampling(trained_generator, test_batch):
         ids, mask, method="greedy", max_length=TRAINED_MAX_LENGTH
     )
     np.testing.assert_array_equal(top1.token_ids, greedy.token_ids)
+
+
+def test_bad_cache_layout(trained_generator):
+    with pytest.raises(ValueError, match="cache_layout='paged'"):
+        Generator(trained_generator.model, cache_layout="paged")
 
 
 def test_bad_arguments(random_generator):

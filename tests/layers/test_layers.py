@@ -590,21 +590,24 @@ def test_bad_arguments_name_the_value(build, message):
 
 
 @pytest.mark.parametrize("scores", [False, True], ids=["fused", "weights"])
-def test_split_and_stacked_caches_attend_alike(scores, rng):
+def test_split_and_stacked_caches_attend_alike(scores, rng, monkeypatch):
     """Self- and cross-attention steps on a split cache (keys and values
-    apart, heads first) give the stacked cache's outputs, weights and
-    keys; one query takes the matrix-vector path, unless the weights are
-    requested."""
+    apart, heads first) give the stacked cache's outputs, weights, keys
+    and values, with padding, causal and per-query masks; one query takes
+    the matrix-vector path, unless the weights are requested."""
+    one_query = _count_calls(monkeypatch, "_one_query_attention")
     attention = layers.MultiHeadAttention(num_heads=4)
     memory = rng.normal(size=(2, 6, HIDDEN)).astype("float32")
     padding = np.array([[1] * 6, [1] * 3 + [0] * 3], "int32")
+    allowed = np.array([[[1, 0, 1, 1, 0, 1]], [[0, 1, 1, 1, 1, 1]]], "int32")
     steps = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
     attention(steps, memory, key_padding_mask=padding)
     cross = {
         stacked: attention.compute_key_value_cache(memory, stacked=stacked)
         for stacked in (True, False)
     }
-    zeros = np.zeros((2, 2, 4, 4, HIDDEN // 4), "float32")
+    # max_length 5, unlike the 4 heads: swapped axes would not fit.
+    zeros = np.zeros((2, 2, 5, 4, HIDDEN // 4), "float32")
     own = {True: zeros, False: (zeros[:, 0].transpose(0, 2, 1, 3),) * 2}
     for at in range(3):
         results = {}
@@ -621,6 +624,7 @@ def test_split_and_stacked_caches_attend_alike(scores, rng):
             *crossed, _ = attention(
                 steps[:, at : at + 1],
                 key_padding_mask=padding,
+                attention_mask=allowed,
                 cache=cross[stacked],
                 return_attention_scores=scores,
             )
@@ -629,18 +633,81 @@ def test_split_and_stacked_caches_attend_alike(scores, rng):
             np.testing.assert_allclose(
                 to_numpy(split), to_numpy(stacked), atol=1e-5, rtol=1e-5
             )
+    for half in (0, 1):
+        np.testing.assert_allclose(
+            to_numpy(own[False][half]),
+            to_numpy(own[True])[:, half].transpose(0, 2, 1, 3),
+            atol=1e-6,
+        )
+    assert one_query() == (0 if scores else 6)
+
+
+def _count_calls(monkeypatch, name):
+    """Counts the calls of ``MultiHeadAttention.<name>``; returns a
+    function that reads the count."""
+    calls = []
+    original = getattr(layers.MultiHeadAttention, name)
+
+    def counted(self, *args, **kwargs):
+        calls.append(name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(layers.MultiHeadAttention, name, counted)
+    return lambda: len(calls)
+
+
+def test_one_query_attention_keeps_float32_logits_under_mixed_precision(rng):
+    """Logits near 20 that differ by tenths: rounded to bfloat16 (steps
+    of 1/8 there) before the softmax, the weights would move by several
+    percent. Identity projections, so the query and the cache are the
+    attention's own; the reference is float64 on the same values."""
+    heads, head_dim = 2, HIDDEN // 2
+    attention = layers.MultiHeadAttention(heads, dtype="mixed_bfloat16")
+    attention(np.zeros((1, 1, HIDDEN), "float32"))
+    identity = np.eye(HIDDEN, dtype="float32")
+    attention.query_dense.kernel.assign(
+        identity.reshape(HIDDEN, heads, head_dim)
+    )
+    attention.output_dense.kernel.assign(
+        identity.reshape(heads, head_dim, HIDDEN)
+    )
+
+    def bfloat16(values):
+        return to_numpy(ops.cast(ops.cast(values, "bfloat16"), "float32"))
+
+    q = bfloat16(rng.uniform(1, 2, size=(1, 1, HIDDEN)))
+    # q . k / sqrt(head_dim) about 20 for every key, spread by about 1.
+    k = rng.uniform(1, 2, size=(1, heads, 1, head_dim)) * 80 / 2.25 / 16
+    k = bfloat16(k + 0.1 * rng.normal(size=(1, heads, 8, head_dim)))
+    v = bfloat16(rng.normal(size=(1, heads, 8, head_dim)))
+    out, _ = attention(
+        q, cache=(ops.cast(k, "bfloat16"), ops.cast(v, "bfloat16"))
+    )
+    logits = np.einsum(
+        "bnh,bnsh->bns", q.reshape(1, heads, head_dim).astype("float64"), k
+    ) / np.sqrt(head_dim)
+    assert 15 < logits.mean() < 25 and logits.std() > 0.3
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = np.einsum("bns,bnsh->bnh", weights, v).reshape(1, 1, HIDDEN)
     np.testing.assert_allclose(
-        to_numpy(own[False][1]),
-        to_numpy(own[True])[:, 1].transpose(0, 2, 1, 3),
-        atol=1e-6,
+        to_numpy(out).astype("float32"), expected, atol=1.5e-2, rtol=1.5e-2
     )
 
 
-def test_split_cache_must_be_a_pair(rng):
+@pytest.mark.parametrize(
+    "shapes,message",
+    [
+        ([(2, 4, 3, 8)] * 3, r"got 3 tensors"),
+        ([(2, 3, 4, 8)] * 2, r"num_heads=4, length, head_dim=8"),
+        ([(2, 4, 3, 8, 1)] * 2, r"shapes \[\(2, 4, 3, 8, 1\)"),
+    ],
+    ids=["three", "length first", "rank"],
+)
+def test_split_cache_must_be_a_heads_first_pair(shapes, message, rng):
     attention = layers.MultiHeadAttention(num_heads=4)
     x = rng.normal(size=(2, 1, HIDDEN)).astype("float32")
-    keys = np.zeros((2, 4, 3, HIDDEN // 4), "float32")
-    with pytest.raises(
-        ValueError, match=r"\(keys, values\) pair; got a tuple of 3"
-    ):
-        attention(x, cache=(keys, keys, keys))
+    attention(x)
+    cache = tuple(np.zeros(shape, "float32") for shape in shapes)
+    with pytest.raises(ValueError, match=message):
+        attention(x, cache=cache)

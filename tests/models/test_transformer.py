@@ -260,14 +260,15 @@ def test_cached_decoding_equals_the_full_decoder(
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
 
 
-def _decode_in_chunks(model, batch, chunks, stacked):
+def _decode_in_chunks(model, batch, chunks, stacked, cached_mask=None):
     """Logits of the whole target, decoded ``chunks`` tokens per call
-    (the last call takes what is left) with a stacked or split cache."""
+    (the last call takes what is left) with a stacked or split cache,
+    and optionally a ``(batch, max_length)`` mask of cached positions."""
     encoder_output = model.encode(
         batch["encoder_token_ids"], batch["encoder_padding_mask"]
     )
     target_length = batch["decoder_token_ids"].shape[1]
-    cache = model.init_cache(encoder_output, target_length + 2, stacked)
+    cache = model.init_cache(encoder_output, target_length + 2, stacked=stacked)
     logits, start = [], 0
     for size in chunks:
         if start >= target_length:
@@ -277,6 +278,7 @@ def _decode_in_chunks(model, batch, chunks, stacked):
             cache,
             keras.ops.convert_to_tensor(start, "int32"),
             batch["encoder_padding_mask"],
+            cached_mask,
         )
         logits.append(to_numpy(step))
         start += size
@@ -298,6 +300,19 @@ def test_split_cache_decodes_as_the_full_decoder(shapes, chunks):
     split, cache = _decode_in_chunks(model, batch, chunks, stacked=False)
     np.testing.assert_allclose(split, full, atol=1e-5, rtol=1e-5)
     stacked, stacked_cache = _decode_in_chunks(model, batch, [1] * 7, True)
+    np.testing.assert_allclose(split, stacked, atol=1e-5, rtol=1e-5)
+    # Cached positions masked out (a left-padded prompt, say): the same.
+    cached_mask = np.ones((batch_size, target_length + 2), "int32")
+    cached_mask[:, 1 : 1 + seed % 3] = 0
+    split_masked, _ = _decode_in_chunks(
+        model, batch, chunks, False, cached_mask
+    )
+    stacked_masked, _ = _decode_in_chunks(
+        model, batch, [1] * 7, True, cached_mask
+    )
+    np.testing.assert_allclose(
+        split_masked, stacked_masked, atol=1e-5, rtol=1e-5
+    )
     # The same keys and values as the stacked cache, heads first.
     for name in ("self_attention", "cross_attention"):
         for layer, pair in enumerate(cache[name]):
@@ -457,6 +472,7 @@ def test_cache_shapes():
     assert tuple(cache["self_attention"].shape) == (2, 2, 2, 11, 4, 8)
     assert tuple(cache["cross_attention"].shape) == (2, 2, 2, 7, 4, 8)
     split = model.init_cache(model.encode(ids, ids), 11, stacked=False)
+    assert isinstance(split["self_attention"], tuple)
     for name, length in (("self_attention", 11), ("cross_attention", 7)):
         assert [
             [tuple(part.shape) for part in pair] for pair in split[name]
