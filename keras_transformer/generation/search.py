@@ -16,10 +16,10 @@ loop, so the loop compiles under `jax.jit` and `tf.function` (see
   and returns the logits of the token at column ``t + 1``, ``(rows, V)``.
 - ``cache``: a dict of tensors, or of nested tuples of them, whose first
   axis is ``rows``; beam search reorders every one of them along that
-  axis when hypotheses are extended. ``step_fn``
-  may write into the cache it is given (torch's eager decoding does), so
-  a cache passed to ``step_fn`` is never read again: the searches go on
-  with the cache it returns.
+  axis when hypotheses are extended. ``step_fn`` may write into the
+  cache it is given (torch's eager decoding does), so a cache passed to
+  ``step_fn`` is never read again: the searches go on with the cache it
+  returns.
 - ``constants``: a dict of tensors passed through unchanged.
 
 Conventions shared by all three searches:

@@ -93,9 +93,9 @@ class MultiHeadAttention(keras.layers.Layer):
     of the attention's matrix products, and XLA updates them in place
     (eager backends copy the updated half). The stacked one is sliced
     into keys and values and transposed, which XLA does by copying the
-    cache at every step. The attention of a single
-    query on a split cache is computed as two batched matrix-vector
-    products (`keras.ops.einsum`).
+    cache at every step. The attention of a single query on a split
+    cache is computed as two batched matrix-vector products
+    (`keras.ops.einsum`).
 
     Args:
         num_heads: h, the number of heads.
@@ -262,10 +262,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 call_layer(self.value_dense, value),
             )
 
-        # Inside `direct_sublayer_calls` (torch's decoding), the layers of
-        # a step given the same masks share the merged one.
         # Split caches hold the keys heads first.
         key_length = ops.shape(k)[2] if split else ops.shape(k)[1]
+        # Inside `direct_sublayer_calls` (torch's decoding), the layers of
+        # a step given the same masks share the merged one.
         mask_arguments = (
             ops.shape(q)[1],
             key_length,

@@ -435,9 +435,9 @@ class Transformer(keras.Model):
         With ``stacked=False`` each entry is instead a tuple with one
         ``(keys, values)`` pair per decoder layer, each tensor ``(batch,
         num_heads, max_length, head_dim)`` (``source_length`` for
-        cross-attention): the layout for a compiled decoding
-        loop, which XLA then reads and updates in place instead of
-        slicing and transposing the stacked caches every step (see
+        cross-attention): the layout for a compiled decoding loop, which
+        XLA then reads and updates in place instead of slicing and
+        transposing the stacked caches every step (see
         `MultiHeadAttention`). `decode` takes either and returns the same.
         """
         if max_length > self.max_sequence_length:
