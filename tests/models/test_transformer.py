@@ -240,21 +240,10 @@ def test_cached_decoding_equals_the_full_decoder(
     full = logits_of(model, batch)
     context = decoding_direct_calls() if direct else contextlib.nullcontext()
     with context:
-        encoder_output = model.encode(
-            batch["encoder_token_ids"], batch["encoder_padding_mask"]
+        steps, _ = _decode_in_chunks(
+            model, batch, [1] * target_length, stacked=True
         )
-        cache = model.init_cache(encoder_output, max_length=target_length + 2)
-        steps = []
-        for t in range(target_length):
-            step, cache = model.decode(
-                batch["decoder_token_ids"][:, t : t + 1],
-                cache,
-                keras.ops.convert_to_tensor(t, "int32"),
-                batch["encoder_padding_mask"],
-            )
-            steps.append(to_numpy(step)[:, 0])
-    for t, step in enumerate(steps):
-        np.testing.assert_allclose(step, full[:, t], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(steps, full, atol=1e-5, rtol=1e-5)
 
 
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
