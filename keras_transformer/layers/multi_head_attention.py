@@ -264,20 +264,13 @@ class MultiHeadAttention(keras.layers.Layer):
 
         # Split caches hold the keys heads first.
         key_length = ops.shape(k)[2] if split else ops.shape(k)[1]
-        # Inside `direct_sublayer_calls` (torch's decoding), the layers of
-        # a step given the same masks share the merged one.
-        mask_arguments = (
+        mask = attention_mask_of_call(
             ops.shape(q)[1],
             key_length,
             key_padding_mask,
             attention_mask,
-            bool(use_causal_mask),
-            concrete_index(cache_update_index),
-        )
-        mask = memoized(
-            "attention_mask",
-            mask_arguments,
-            lambda: _merged_mask(*mask_arguments),
+            use_causal_mask,
+            cache_update_index,
         )
         explicit = return_attention_scores or (self.dropout > 0 and training)
         one_query = split and q.shape[1] == 1 and not explicit
@@ -376,6 +369,33 @@ def _heads_first(x):
     """``(batch, length, heads, head_dim)`` <-> ``(batch, heads, length,
     head_dim)``: the transposition is its own inverse."""
     return ops.transpose(x, (0, 2, 1, 3))
+
+
+def attention_mask_of_call(
+    query_length,
+    key_length,
+    key_padding_mask=None,
+    attention_mask=None,
+    use_causal_mask=False,
+    cache_update_index=None,
+):
+    """The boolean ``(batch or 1, 1, query, key)`` mask of an attention
+    call with these arguments, or None.
+
+    Inside `direct_sublayer_calls` (torch's decoding), the layers of a
+    step given the same masks share the merged one.
+    """
+    arguments = (
+        query_length,
+        key_length,
+        key_padding_mask,
+        attention_mask,
+        bool(use_causal_mask),
+        concrete_index(cache_update_index),
+    )
+    return memoized(
+        "attention_mask", arguments, lambda: _merged_mask(*arguments)
+    )
 
 
 def _merged_mask(

@@ -315,6 +315,104 @@ def test_split_cache_decodes_as_the_full_decoder(shapes, chunks):
                 )
 
 
+@settings(max_examples=8, deadline=None)
+@given(
+    lengths,
+    st.lists(st.integers(1, 3), min_size=7, max_size=7),
+    st.booleans(),
+)
+def test_decoding_context_decodes_as_the_layer_calls(
+    shapes, chunks, normalize_first
+):
+    """The context decoding runs in (on torch, `decoder_step` in place of
+    each decoder layer's call) gives the logits and the cache of plain
+    layer calls: in calls of one to three tokens, with a mask of cached
+    positions, post-norm and pre-norm."""
+    batch_size, source_length, target_length, seed = shapes
+    model = _cache_models[normalize_first]
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, batch_size, source_length, target_length)
+    cached_mask = np.ones((batch_size, target_length + 2), "int32")
+    cached_mask[:, 1 : 1 + seed % 3] = 0
+    expected, expected_cache = _decode_in_chunks(
+        model, batch, chunks, True, cached_mask
+    )
+    with decoding_direct_calls():
+        direct, cache = _decode_in_chunks(
+            model, batch, chunks, True, cached_mask
+        )
+    np.testing.assert_allclose(direct, expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        to_numpy(cache["self_attention"]),
+        to_numpy(expected_cache["self_attention"]),
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize(
+    "setting", ["float32", "split", "lora", "int8", "attention weights"]
+)
+def test_torch_decoding_replaces_decoder_layer_calls_where_alike(
+    setting, monkeypatch, rng
+):
+    """On torch, a float32 decoder layer with a stacked cache runs as
+    `decoder_step` inside the decoding context: its `call` is not
+    reached. A split cache, LoRA, a quantized layer and requested
+    attention weights keep the layer's `call`; every setting gives the
+    logits of plain layer calls."""
+    calls = []
+    original = kt.layers.TransformerDecoderLayer.call
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.name)
+        return original(self, *args, **kwargs)
+
+    model = tiny_model()
+    if setting == "lora":
+        dense = model.decoder_layers[1].cross_attention.output_dense
+        dense.enable_lora(2)
+        dense.lora_kernel_b.assign(
+            rng.normal(size=dense.lora_kernel_b.shape).astype("float32")
+        )
+    if setting == "int8":
+        model.quantize("int8")
+    batch = random_batch(rng, 2, 5, 3)
+    chunks = [1, 2]
+    stacked = setting != "split"
+    expected, _ = _decode_in_chunks(model, batch, chunks, stacked)
+    monkeypatch.setattr(kt.layers.TransformerDecoderLayer, "call", counted)
+    with decoding_direct_calls():
+        if setting == "attention weights":
+            encoder_output = model.encode(
+                batch["encoder_token_ids"], batch["encoder_padding_mask"]
+            )
+            cache = model.init_cache(encoder_output, 3)
+            layer = model.decoder_layers[0]
+            layer_cache = lambda name: cache[name][:, 0]  # noqa: E731
+            _, scores, _ = layer(
+                np.ones((2, 1, 32), "float32"),
+                self_attention_cache=layer_cache("self_attention"),
+                self_attention_cache_update_index=0,
+                cross_attention_cache=layer_cache("cross_attention"),
+                encoder_padding_mask=batch["encoder_padding_mask"],
+                return_attention_scores=True,
+            )
+            assert sorted(scores) == ["cross_attention", "self_attention"]
+            assert calls
+            return
+        direct, _ = _decode_in_chunks(model, batch, chunks, stacked)
+    np.testing.assert_allclose(direct, expected, atol=1e-5, rtol=1e-5)
+    fast = setting == "float32" and keras.backend.backend() == "torch"
+    layers_called = set(calls)
+    if fast:
+        assert not calls
+    elif setting == "lora" and keras.backend.backend() == "torch":
+        # Only the layer with LoRA keeps its call.
+        assert layers_called == {model.decoder_layers[1].name}
+    else:
+        assert layers_called == {layer.name for layer in model.decoder_layers}
+
+
 def test_split_cache_is_returned_as_given_and_left_unchanged(rng):
     """`decode` returns a split cache as a split cache, with this step's
     keys and values written in, and leaves the one it was given as it
