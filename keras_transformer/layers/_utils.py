@@ -136,13 +136,14 @@ def memoized(name, arguments, compute):
     result for the same ``name`` and ``arguments`` earlier in the context.
 
     For what every layer of a decoding step computes alike from the same
-    tensors, such as its attention mask. Only ints, None, Keras layers
-    and torch tensors are compared: a layer by identity, a tensor by
-    identity and by its version, which torch bumps at every in-place
-    write, so a tensor changed in place is computed again. The memo keeps
-    the layers and tensors referenced until the context ends, so no other
-    object can take their identity. Any other argument (a NumPy array,
-    another backend's tensor, whose code may be traced) computes afresh.
+    tensors, such as its attention mask. Only ints, None and, on torch,
+    Keras layers and torch tensors are compared: a layer by identity, a
+    tensor by identity and by its version, which torch bumps at every
+    in-place write, so a tensor changed in place is computed again. The
+    memo keeps the layers and tensors referenced until the context ends,
+    so no other object can take their identity. Any other argument (a
+    NumPy array, another backend's tensor, whose code may be traced)
+    computes afresh.
     """
     if not getattr(_direct, "enabled", False):
         return compute()
@@ -150,7 +151,7 @@ def memoized(name, arguments, compute):
     for argument in arguments:
         if argument is None or isinstance(argument, int):
             key.append(argument)
-        elif isinstance(argument, keras.layers.Layer):
+        elif isinstance(argument, keras.layers.Layer) and _on_torch():
             key.append(("layer", id(argument)))
         elif _is_torch_tensor(argument):
             key.append((id(argument), argument._version))
@@ -163,8 +164,12 @@ def memoized(name, arguments, compute):
     return entry[1]
 
 
+def _on_torch():
+    return keras.backend.backend() == "torch"
+
+
 def _is_torch_tensor(value):
-    if keras.backend.backend() != "torch":
+    if not _on_torch():
         return False
     import torch
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import keras_transformer as kt
-from keras_transformer.layers._utils import direct_sublayer_calls
+from keras_transformer.layers._utils import call_layer, direct_sublayer_calls
 from tests.helpers import (
     decoding_direct_calls,
     random_batch,
@@ -315,6 +315,26 @@ def test_split_cache_decodes_as_the_full_decoder(shapes, chunks):
                 )
 
 
+def _randomized(model, seed=0):
+    """``model`` with every weight moved off its initial value (biases
+    and layer norm offsets off zero, scales off one), so that a step
+    that drops or swaps one of them computes something else."""
+    rng = np.random.default_rng(seed)
+    model.set_weights(
+        [
+            w + 0.2 * rng.normal(size=w.shape).astype(w.dtype)
+            for w in model.get_weights()
+        ]
+    )
+    return model
+
+
+_random_models = {
+    normalize_first: _randomized(tiny_model(normalize_first=normalize_first))
+    for normalize_first in (False, True)
+}
+
+
 @settings(max_examples=8, deadline=None)
 @given(
     lengths,
@@ -327,13 +347,15 @@ def test_decoding_context_decodes_as_the_layer_calls(
     """The context decoding runs in (on torch, `decoder_step` in place of
     each decoder layer's call) gives the logits and the cache of plain
     layer calls: in calls of one to three tokens, with a mask of cached
-    positions, post-norm and pre-norm."""
+    positions, post-norm and pre-norm, every weight random."""
     batch_size, source_length, target_length, seed = shapes
-    model = _cache_models[normalize_first]
+    model = _random_models[normalize_first]
     rng = np.random.default_rng(seed)
     batch = random_batch(rng, batch_size, source_length, target_length)
+    # Cached positions masked per row (a left-padded prompt, say).
     cached_mask = np.ones((batch_size, target_length + 2), "int32")
-    cached_mask[:, 1 : 1 + seed % 3] = 0
+    for row in range(batch_size):
+        cached_mask[row, 1 : 1 + (seed + row) % 3] = 0
     expected, expected_cache = _decode_in_chunks(
         model, batch, chunks, True, cached_mask
     )
@@ -350,24 +372,18 @@ def test_decoding_context_decodes_as_the_layer_calls(
 
 
 @pytest.mark.parametrize(
-    "setting", ["float32", "split", "lora", "int8", "attention weights"]
+    "setting", ["float32", "linear", "split", "lora", "int8", "gelu"]
 )
 def test_torch_decoding_replaces_decoder_layer_calls_where_alike(
     setting, monkeypatch, rng
 ):
     """On torch, a float32 decoder layer with a stacked cache runs as
     `decoder_step` inside the decoding context: its `call` is not
-    reached. A split cache, LoRA, a quantized layer and requested
-    attention weights keep the layer's `call`; every setting gives the
-    logits of plain layer calls."""
-    calls = []
-    original = kt.layers.TransformerDecoderLayer.call
-
-    def counted(self, *args, **kwargs):
-        calls.append(self.name)
-        return original(self, *args, **kwargs)
-
-    model = tiny_model()
+    reached. A split cache, LoRA, a quantized layer and an activation
+    other than ReLU or linear keep the layer's `call`; every setting
+    gives the logits of plain layer calls."""
+    activation = {"linear": "linear", "gelu": "gelu"}.get(setting, "relu")
+    model = _randomized(tiny_model(activation=activation))
     if setting == "lora":
         dense = model.decoder_layers[1].cross_attention.output_dense
         dense.enable_lora(2)
@@ -380,37 +396,85 @@ def test_torch_decoding_replaces_decoder_layer_calls_where_alike(
     chunks = [1, 2]
     stacked = setting != "split"
     expected, _ = _decode_in_chunks(model, batch, chunks, stacked)
-    monkeypatch.setattr(kt.layers.TransformerDecoderLayer, "call", counted)
+    calls = _count_decoder_layer_calls(monkeypatch)
     with decoding_direct_calls():
-        if setting == "attention weights":
-            encoder_output = model.encode(
-                batch["encoder_token_ids"], batch["encoder_padding_mask"]
-            )
-            cache = model.init_cache(encoder_output, 3)
-            layer = model.decoder_layers[0]
-            layer_cache = lambda name: cache[name][:, 0]  # noqa: E731
-            _, scores, _ = layer(
-                np.ones((2, 1, 32), "float32"),
-                self_attention_cache=layer_cache("self_attention"),
-                self_attention_cache_update_index=0,
-                cross_attention_cache=layer_cache("cross_attention"),
-                encoder_padding_mask=batch["encoder_padding_mask"],
-                return_attention_scores=True,
-            )
-            assert sorted(scores) == ["cross_attention", "self_attention"]
-            assert calls
-            return
         direct, _ = _decode_in_chunks(model, batch, chunks, stacked)
     np.testing.assert_allclose(direct, expected, atol=1e-5, rtol=1e-5)
-    fast = setting == "float32" and keras.backend.backend() == "torch"
-    layers_called = set(calls)
-    if fast:
+    on_torch = keras.backend.backend() == "torch"
+    if on_torch and setting in ("float32", "linear"):
         assert not calls
-    elif setting == "lora" and keras.backend.backend() == "torch":
+    elif on_torch and setting == "lora":
         # Only the layer with LoRA keeps its call.
-        assert layers_called == {model.decoder_layers[1].name}
+        assert set(calls) == {model.decoder_layers[1].name}
     else:
-        assert layers_called == {layer.name for layer in model.decoder_layers}
+        assert set(calls) == {layer.name for layer in model.decoder_layers}
+
+
+def _count_decoder_layer_calls(monkeypatch):
+    """Records the name of each `TransformerDecoderLayer.call`'s layer."""
+    calls = []
+    original = kt.layers.TransformerDecoderLayer.call
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(kt.layers.TransformerDecoderLayer, "call", counted)
+    return calls
+
+
+def test_decoding_context_keeps_attention_weights_and_new_weights(
+    monkeypatch, rng
+):
+    """Inside the decoding context, a decoder layer step that returns its
+    attention weights keeps the layer's `call` and returns the weights
+    and output of a plain call; weights assigned between two steps of one
+    context are used by the next."""
+    model = _randomized(tiny_model())
+    layer = model.decoder_layers[0]
+    batch = random_batch(rng, 2, 5, 3)
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    cache = model.init_cache(encoder_output, 3)
+    x = keras.ops.convert_to_tensor(
+        rng.normal(size=(2, 1, 32)).astype("float32")
+    )
+
+    def step(cache):
+        return call_layer(
+            layer,
+            x,
+            encoder_padding_mask=batch["encoder_padding_mask"],
+            self_attention_cache=keras.ops.copy(cache["self_attention"][:, 0]),
+            self_attention_cache_update_index=0,
+            cross_attention_cache=cache["cross_attention"][:, 0],
+            return_attention_scores=True,
+        )
+
+    expected_x, expected_scores, _ = step(cache)
+    calls = _count_decoder_layer_calls(monkeypatch)
+    with decoding_direct_calls():
+        direct_x, scores, _ = step(cache)
+    assert calls == [layer.name]
+    np.testing.assert_allclose(
+        to_numpy(direct_x), to_numpy(expected_x), atol=1e-5
+    )
+    for name in ("self_attention", "cross_attention"):
+        np.testing.assert_allclose(
+            to_numpy(scores[name]), to_numpy(expected_scores[name]), atol=1e-6
+        )
+
+    # Weights assigned inside one context, between two steps.
+    before = _decode_in_chunks(model, batch, [1, 2], True)[0]
+    with decoding_direct_calls():
+        first = _decode_in_chunks(model, batch, [1, 2], True)[0]
+        _randomized(model, seed=1)
+        second = _decode_in_chunks(model, batch, [1, 2], True)[0]
+    after = _decode_in_chunks(model, batch, [1, 2], True)[0]
+    assert not np.allclose(before, after, atol=1e-3)
+    np.testing.assert_allclose(first, before, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(second, after, atol=1e-5, rtol=1e-5)
 
 
 def test_split_cache_is_returned_as_given_and_left_unchanged(rng):
