@@ -98,8 +98,9 @@ class Generator:
         jit_compile: compile with XLA on TensorFlow.
         cache_layout: ``"split"`` or ``"stacked"`` key/value caches (see
             `Transformer.init_cache`). By default stacked on torch, whose
-            eager steps write into it in place, and split elsewhere: XLA
-            reads and updates split caches in place, while it copies
+            eager steps write into it in place (and run each decoder
+            layer as one function of torch kernels), and split elsewhere:
+            XLA reads and updates split caches in place, while it copies
             slices of stacked ones at every step.
 
     Example:

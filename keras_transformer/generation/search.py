@@ -41,6 +41,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.layers._utils import concrete_index
+
 NEG_INF = float("-inf")
 LENGTH_PENALTY_STYLES = ("gnmt", "hf")
 EARLY_STOPPING = (False, True, "never")
@@ -98,6 +100,8 @@ def _log_softmax(logits, banned):
 def _write_column(sequences, index, column):
     """``sequences[..., index] = column`` for a 2-D or 3-D int tensor."""
     column = ops.cast(column, sequences.dtype)
+    # A Python int on torch's eager loop: one copy, no index tensors.
+    index = concrete_index(index)
     if len(sequences.shape) == 2:
         return ops.slice_update(sequences, [0, index], column[:, None])
     return ops.slice_update(sequences, [0, 0, index], column[:, :, None])
@@ -254,13 +258,20 @@ def greedy_search(
 
 def _gather_beams(tensor, indices):
     """``tensor[b, indices[b, j]]`` for a ``(batch, beams, ...)`` tensor."""
-    shape = ops.shape(indices) + (1,) * (len(tensor.shape) - 2)
-    expanded = ops.reshape(indices, shape)
-    # take_along_axis needs the index broadcast to the full trailing shape.
-    expanded = ops.broadcast_to(
-        expanded, tuple(ops.shape(indices)) + tuple(tensor.shape[2:])
-    )
-    return ops.take_along_axis(tensor, expanded, axis=1)
+    if len(tensor.shape) > 2:
+        # take_along_axis needs the index broadcast to the full trailing
+        # shape.
+        indices = ops.broadcast_to(
+            _trailing_axes(indices, len(tensor.shape)),
+            tuple(ops.shape(indices)) + tuple(tensor.shape[2:]),
+        )
+    return ops.take_along_axis(tensor, indices, axis=1)
+
+
+def _trailing_axes(x, rank):
+    """``x`` with axes of size 1 appended up to ``rank``, by indexing
+    (cheaper than `ops.reshape` on eager torch)."""
+    return x[(...,) + (None,) * (rank - len(x.shape))]
 
 
 def _initial_sequences(batch_size, beam_size, max_length, start_id, pad_id):
@@ -519,15 +530,16 @@ def beam_search(
         # Frozen rows keep their finished set as it was when they stopped.
         done = state["done"]
         for key, value in new_state.items():
-            mask = ops.reshape(
-                done, (batch_size,) + (1,) * (len(value.shape) - 1)
-            )
+            mask = _trailing_axes(done, len(value.shape))
             new_state[key] = ops.where(mask, state[key], value)
 
         bound = alive_log_probs[:, 0] / best_penalty
-        nth_best = ops.take(
-            new_state["finished_scores"], num_return_sequences - 1, axis=1
-        )
+        if static_n:
+            nth_best = new_state["finished_scores"][:, num_return_sequences - 1]
+        else:
+            nth_best = ops.take(
+                new_state["finished_scores"], num_return_sequences - 1, axis=1
+            )
         new_state["done"] = ops.logical_or(
             done,
             ops.logical_or(nth_best >= bound, alive_log_probs[:, 0] == NEG_INF),
