@@ -232,21 +232,28 @@ def test_cached_decoding_equals_the_full_decoder(
     direct, shapes, normalize_first
 ):
     """Also with ``direct_sublayer_calls``, as decoding on torch runs."""
-    batch_size, source_length, target_length, seed = shapes
     model = _cache_models[normalize_first]
-    rng = np.random.default_rng(seed)
-    batch = random_batch(rng, batch_size, source_length, target_length)
-    batch["decoder_padding_mask"][:] = 1
-    full = logits_of(model, batch)
+    batch, full = _real_target_batch(model, shapes)
     context = decoding_direct_calls() if direct else contextlib.nullcontext()
     with context:
         steps, _ = _decode_in_chunks(
-            model, batch, [1] * target_length, stacked=True
+            model, batch, [1] * batch["decoder_token_ids"].shape[1], True
         )
     np.testing.assert_allclose(steps, full, atol=1e-5, rtol=1e-5)
 
 
 _cache_models = {False: tiny_model(), True: tiny_model(normalize_first=True)}
+
+
+def _real_target_batch(model, shapes):
+    """A batch drawn from the property tests' ``shapes`` with every target
+    token real (a cache holds no padded positions), and the logits of
+    ``model``'s full decoder on it."""
+    batch_size, source_length, target_length, seed = shapes
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, batch_size, source_length, target_length)
+    batch["decoder_padding_mask"][:] = 1
+    return batch, logits_of(model, batch)
 
 
 def _decode_in_chunks(model, batch, chunks, stacked, cached_mask=None):
@@ -280,12 +287,9 @@ def test_split_cache_decodes_as_the_full_decoder(shapes, chunks):
     """A split cache (`init_cache(stacked=False)`, what compiled decoding
     loops use) in calls of one to three tokens: one token takes the
     matrix-vector attention, more take the general path."""
-    batch_size, source_length, target_length, seed = shapes
     model = _cache_models[False]
-    rng = np.random.default_rng(seed)
-    batch = random_batch(rng, batch_size, source_length, target_length)
-    batch["decoder_padding_mask"][:] = 1
-    full = logits_of(model, batch)
+    batch, full = _real_target_batch(model, shapes)
+    batch_size, _, target_length, seed = shapes
     split, cache = _decode_in_chunks(model, batch, chunks, stacked=False)
     np.testing.assert_allclose(split, full, atol=1e-5, rtol=1e-5)
     stacked, stacked_cache = _decode_in_chunks(model, batch, [1] * 7, True)
