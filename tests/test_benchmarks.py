@@ -6,7 +6,7 @@ import json
 import keras
 import pytest
 
-from benchmarks import decoding, end_to_end, gpu, training
+from benchmarks import decoding, dropout, end_to_end, gpu, training
 from benchmarks.training import model_config, train_flops
 
 
@@ -54,6 +54,18 @@ def test_training_smoke(tmp_path):
     auto = keras.backend.backend() == "jax"
     assert rows["ours"]["jit_compile"] is rows["keras_hub"]["jit_compile"]
     assert rows["ours"]["jit_compile"] is auto
+
+
+def test_dropout_smoke(tmp_path):
+    path = tmp_path / "dropout.json"
+    report = dropout.main(["--smoke", "--threads", "0", "--output", str(path)])
+    assert json.loads(path.read_text())["benchmark"] == "dropout"
+    result = report["configs"]["smoke"]
+    assert [r["contestant"] for r in result["rows"]] == ["ours", "keras"]
+    for row in result["rows"]:
+        assert row["ms"] > 0 and len(row["per_round_ms"]) == 1
+    keras_ms, ours_ms = (r["per_round_ms"][0] for r in result["rows"][::-1])
+    assert result["ours_speedup"]["median"] == pytest.approx(keras_ms / ours_ms)
 
 
 def test_training_dropout_replaces_the_configurations(tmp_path):

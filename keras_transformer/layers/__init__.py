@@ -1,6 +1,7 @@
 """The layers of "Attention Is All You Need" (Vaswani et al., 2017)."""
 
 from keras_transformer.layers.decoder_layer import TransformerDecoderLayer
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.encoder_layer import TransformerEncoderLayer
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
@@ -11,6 +12,7 @@ from keras_transformer.layers.position_encoding import (
 from keras_transformer.layers.token_embedding import TokenEmbedding
 
 __all__ = [
+    "Dropout",
     "MultiHeadAttention",
     "OutputBias",
     "PositionwiseFeedForward",

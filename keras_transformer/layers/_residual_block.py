@@ -7,6 +7,7 @@ from keras_transformer.layers._utils import (
     check_rate,
     clone_initializer,
 )
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 
@@ -86,9 +87,7 @@ class ResidualBlockBase(keras.layers.Layer):
         return feed_forward
 
     def _dropout(self, name):
-        return keras.layers.Dropout(
-            self.dropout, dtype=self.dtype_policy, name=name
-        )
+        return Dropout(self.dropout, dtype=self.dtype_policy, name=name)
 
     def _residual(self, x, sublayer, norm, dropout, training):
         """``LayerNorm(x + Dropout(sublayer(x)))``, or pre-norm

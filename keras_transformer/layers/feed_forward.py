@@ -7,6 +7,7 @@ from keras_transformer.layers._utils import (
     check_rate,
     clone_initializer,
 )
+from keras_transformer.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -73,7 +74,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
             **self._initializers(0),
         )
         self.intermediate_dense.build(input_shape)
-        self.intermediate_dropout = keras.layers.Dropout(
+        self.intermediate_dropout = Dropout(
             self.activation_dropout,
             dtype=self.dtype_policy,
             name="intermediate_dropout",

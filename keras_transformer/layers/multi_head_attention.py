@@ -15,6 +15,7 @@ from keras_transformer.layers._utils import (
     mask_for_fused_attention,
     memoized,
 )
+from keras_transformer.layers.dropout import Dropout
 
 # Added to the logits of masked keys. Large enough that exp() underflows to
 # exactly 0 in float32, small enough to stay finite after scaling.
@@ -183,7 +184,7 @@ class MultiHeadAttention(keras.layers.Layer):
             name="attention_output",
         )
         self.output_dense.build((None, None, self.num_heads, self.head_dim))
-        self.attention_dropout = keras.layers.Dropout(
+        self.attention_dropout = Dropout(
             self.dropout, dtype=self.dtype_policy, name="attention_dropout"
         )
         self.built = True

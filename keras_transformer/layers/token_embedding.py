@@ -71,8 +71,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         if reverse:
-            kernel = ops.cast(self.embeddings, self.compute_dtype)
-            return ops.matmul(inputs, ops.transpose(kernel))
+            return self._project(inputs)
         outputs = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)
         outputs = ops.cast(outputs, self.compute_dtype)
         if self.scale:
@@ -80,6 +79,19 @@ class TokenEmbedding(keras.layers.Layer):
                 math.sqrt(self.hidden_dim), self.compute_dtype
             )
         return outputs
+
+    def _project(self, inputs):
+        kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+        leading = tuple(inputs.shape[:-1])
+        if len(leading) < 2 or not all(isinstance(n, int) for n in leading):
+            return ops.matmul(inputs, kernel)
+        # One (rows, hidden_dim) matrix product: for the gradient of the
+        # matrix, XLA then contracts the logits' gradient over its rows
+        # where it stands, instead of first copying it transposed (the
+        # size of the logits; 12% of a tiny training step on JAX).
+        rows = ops.reshape(inputs, (math.prod(leading), inputs.shape[-1]))
+        logits = ops.matmul(rows, kernel)
+        return ops.reshape(logits, leading + (self.vocabulary_size,))
 
     def get_config(self):
         config = super().get_config()

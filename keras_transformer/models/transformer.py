@@ -15,6 +15,7 @@ from keras_transformer.layers._utils import (
     check_rate,
     concrete_index,
 )
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.output_bias import OutputBias
 from keras_transformer.models.configs import get_config as get_named_config
 
@@ -195,10 +196,10 @@ class Transformer(keras.Model):
         layers["decoder_position_encoding"] = position_encoding(
             "decoder_position_encoding"
         )
-        layers["encoder_embedding_dropout"] = keras.layers.Dropout(
+        layers["encoder_embedding_dropout"] = Dropout(
             dropout, dtype=dtype, name="encoder_embedding_dropout"
         )
-        layers["decoder_embedding_dropout"] = keras.layers.Dropout(
+        layers["decoder_embedding_dropout"] = Dropout(
             dropout, dtype=dtype, name="decoder_embedding_dropout"
         )
         layers["encoder_layers"] = [

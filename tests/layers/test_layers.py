@@ -33,6 +33,7 @@ def make(name):
         "decoder": lambda: layers.TransformerDecoderLayer(4, 64, dropout=0.1),
         "position": lambda: layers.SinusoidalPositionEncoding(64),
         "embedding": lambda: layers.TokenEmbedding(50, HIDDEN),
+        "dropout": lambda: layers.Dropout(0.1, seed=3),
     }[name]()
 
 
@@ -44,6 +45,7 @@ LAYER_NAMES = [
     "decoder",
     "position",
     "embedding",
+    "dropout",
 ]
 
 
@@ -538,6 +540,21 @@ def test_embedding_is_scaled_and_tied():
     np.testing.assert_allclose(vectors[0], matrix[[1, 2, 3]] * 4.0, rtol=1e-6)
     logits = to_numpy(embedding(vectors, reverse=True))
     np.testing.assert_allclose(logits, vectors @ matrix.T, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (2, 3, 16), (2, 1, 3, 16)])
+def test_output_projection_of_any_rank(shape, rng):
+    # Ranks above 2 project as one (rows, hidden_dim) matrix product.
+    embedding = layers.TokenEmbedding(10, 16)
+    embedding.build()
+    x = rng.normal(size=shape).astype("float32")
+    logits = to_numpy(embedding(x, reverse=True))
+    assert logits.shape == shape[:-1] + (10,)
+    expected = x @ to_numpy(embedding.embeddings).T
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+    # Unknown sizes (a functional graph) keep their symbolic shape.
+    symbolic = keras.Input((None, 16), batch_size=None)
+    assert tuple(embedding(symbolic, reverse=True).shape) == (None, None, 10)
 
 
 def test_attention_head_size_is_d_model_over_h():
