@@ -34,12 +34,18 @@ def check_positive(name, value):
 
 def jax_on_gpu():
     """Whether the backend is JAX and its first device is a GPU."""
-    return keras.backend.backend() == "jax" and _first_jax_device_is_gpu()
+    return keras.backend.backend() == "jax" and _first_jax_device() == "gpu"
+
+
+def jax_on_cpu():
+    """Whether the backend is JAX and its first device is a CPU."""
+    return keras.backend.backend() == "jax" and _first_jax_device() == "cpu"
 
 
 @functools.cache
-def _first_jax_device_is_gpu():
-    return keras.distribution.list_devices()[0].startswith("gpu")
+def _first_jax_device():
+    # "cpu:0" -> "cpu"
+    return keras.distribution.list_devices()[0].split(":")[0]
 
 
 def mask_for_fused_attention(mask, query_length, key_length):

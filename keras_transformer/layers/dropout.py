@@ -1,23 +1,28 @@
 import keras
 
+from keras_transformer.layers._utils import jax_on_cpu
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dropout(keras.layers.Dropout):
-    """`keras.layers.Dropout` whose masks draw their bits faster on JAX.
+    """`keras.layers.Dropout` whose masks are drawn faster on a JAX CPU.
 
     The same layer (arguments, seed generator, config, saved variables)
     and the same arithmetic: in training, each element is kept with
     probability ``1 - rate`` and scaled by ``1 / (1 - rate)`` (Vaswani et
-    al., 2017, 5.4, residual dropout). On JAX, Keras draws the mask with
-    `jax.random.bernoulli`, whose threefry bits are a chain of 32-bit
-    integer operations for every element; this layer asks XLA for the
-    same threefry bits (`lax.rng_bit_generator`), which XLA's CPU
-    compiler vectorizes. For the 32 dropout sites of a base-size training
-    step this takes several times less time than Keras's draw (see the
-    README's "Speed"). The mask stream differs from
-    `keras.layers.Dropout`'s, and is still a function of the layer's seed
-    generator, whose state training checkpoints keep. On TensorFlow and
-    torch the layer is `keras.layers.Dropout`.
+    al., 2017, 5.4, residual dropout). Keras's JAX dropout draws the mask
+    with `jax.random.bernoulli`, whose threefry bits are a chain of 32-bit
+    integer operations for every element. On JAX's CPU, without a
+    `keras.distribution`, this layer takes threefry bits of its own from
+    XLA (`lax.rng_bit_generator`), which XLA's CPU compiler vectorizes:
+    `python -m benchmarks.dropout` draws the 32 masks of a training step
+    4x to 5x faster (README, "Speed"). The mask stream is not
+    `keras.layers.Dropout`'s for the same seed, and may change with the
+    XLA version (a test pins it); it is a function of the layer's seed
+    generator, whose state training checkpoints keep. Elsewhere (other
+    backends, JAX on an accelerator, and sharded JAX, where XLA would
+    draw the whole batch's mask on every device) the layer runs
+    `keras.layers.Dropout`'s code.
 
     Args:
         rate: the fraction of elements dropped, P_drop, in ``[0, 1]``.
@@ -37,6 +42,8 @@ class Dropout(keras.layers.Dropout):
     """
 
     def call(self, inputs, training=False):
+        if not (training and 0 < self.rate < 1):
+            return super().call(inputs, training=training)
         noise_shape = self.noise_shape
         if noise_shape is not None and len(noise_shape) != len(inputs.shape):
             raise ValueError(
@@ -44,11 +51,9 @@ class Dropout(keras.layers.Dropout):
                 f"the input, of shape {tuple(inputs.shape)}; use None for an "
                 f"axis whose mask varies and 1 for one it is shared along."
             )
-        if not (
-            training and 0 < self.rate < 1 and keras.backend.backend() == "jax"
-        ):
+        if not jax_on_cpu() or keras.distribution.distribution() is not None:
             return super().call(inputs, training=training)
-        from keras_transformer.layers import _jax_dropout
+        from keras_transformer import _jax_dropout
 
         return _jax_dropout.dropout(
             inputs, self.rate, noise_shape, self.seed_generator.next()

@@ -83,13 +83,19 @@ class TokenEmbedding(keras.layers.Layer):
     def _project(self, inputs):
         kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
         leading = tuple(inputs.shape[:-1])
-        if len(leading) < 2 or not all(isinstance(n, int) for n in leading):
+        if (
+            len(leading) < 2
+            or not all(isinstance(n, int) for n in leading)
+            # Torch's matmul flattens itself; its eager decoding steps
+            # would only pay for two more op calls.
+            or keras.backend.backend() == "torch"
+        ):
             return ops.matmul(inputs, kernel)
         # One (rows, hidden_dim) matrix product: for the gradient of the
         # matrix, XLA then contracts the logits' gradient over its rows
         # where it stands, instead of first copying it transposed (the
         # size of the logits; 12% of a tiny training step on JAX).
-        rows = ops.reshape(inputs, (math.prod(leading), inputs.shape[-1]))
+        rows = ops.reshape(inputs, (math.prod(leading), self.hidden_dim))
         logits = ops.matmul(rows, kernel)
         return ops.reshape(logits, leading + (self.vocabulary_size,))
 

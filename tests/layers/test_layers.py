@@ -371,27 +371,29 @@ def test_torch_decoding_runs_torchs_attention(rng, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "backend,device,expected",
+    "backend,device,gpu,cpu",
     [
-        ("jax", "gpu:0", True),
-        ("jax", "cpu:0", False),
-        ("jax", "tpu:0", False),
-        ("torch", "gpu:0", False),
-        ("tensorflow", "gpu:0", False),
+        ("jax", "gpu:0", True, False),
+        ("jax", "cpu:0", False, True),
+        ("jax", "tpu:0", False, False),
+        ("torch", "gpu:0", False, False),
+        ("torch", "cpu:0", False, False),
+        ("tensorflow", "gpu:0", False, False),
     ],
 )
-def test_jax_on_gpu_reads_the_backend_and_first_device(
-    backend, device, expected, monkeypatch
+def test_jax_device_checks_read_the_backend_and_first_device(
+    backend, device, gpu, cpu, monkeypatch
 ):
     from keras_transformer.layers import _utils
 
     monkeypatch.setattr(keras.backend, "backend", lambda: backend)
     monkeypatch.setattr(keras.distribution, "list_devices", lambda: [device])
-    _utils._first_jax_device_is_gpu.cache_clear()
+    _utils._first_jax_device.cache_clear()
     try:
-        assert _utils.jax_on_gpu() is expected
+        assert _utils.jax_on_gpu() is gpu
+        assert _utils.jax_on_cpu() is cpu
     finally:
-        _utils._first_jax_device_is_gpu.cache_clear()
+        _utils._first_jax_device.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -552,9 +554,11 @@ def test_output_projection_of_any_rank(shape, rng):
     assert logits.shape == shape[:-1] + (10,)
     expected = x @ to_numpy(embedding.embeddings).T
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
-    # Unknown sizes (a functional graph) keep their symbolic shape.
+    # In a functional graph, known and unknown sizes.
     symbolic = keras.Input((None, 16), batch_size=None)
     assert tuple(embedding(symbolic, reverse=True).shape) == (None, None, 10)
+    symbolic = keras.Input((3, 16), batch_size=2)
+    assert tuple(embedding(symbolic, reverse=True).shape) == (2, 3, 10)
 
 
 def test_attention_head_size_is_d_model_over_h():

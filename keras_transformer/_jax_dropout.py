@@ -5,7 +5,12 @@ computes threefry-2x32 as JAX-level integer operations for every element
 and converts the bits to floats to compare with the keep probability.
 `lax.rng_bit_generator` with the threefry algorithm gives XLA the whole
 draw as one operation, which its CPU compiler vectorizes; the bits are
-compared with the keep probability as integers.
+compared with the keep probability as integers. XLA expands the
+algorithm itself, so its bits are not promised to stay the same across
+XLA versions, as `jax.random`'s are.
+
+JAX only, imported by `layers.Dropout` when it draws a mask on JAX's CPU;
+kept out of `layers/`, which imports only Keras.
 """
 
 import jax.numpy as jnp
