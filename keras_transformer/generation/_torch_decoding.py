@@ -60,6 +60,27 @@ _DECODER_ARGUMENTS = frozenset(
     }
 )
 
+# The `TransformerDecoderLayer` options `decoder_step` computes (or that
+# change nothing at inference); a layer whose config has any other (an
+# option added later) runs its own `call` until `decoder_step` learns it.
+_DECODER_CONFIG = frozenset(
+    {
+        "activation",
+        "activation_dropout",
+        "attention_dropout",
+        "bias_initializer",
+        "dropout",
+        "dtype",
+        "intermediate_dim",
+        "kernel_initializer",
+        "layer_norm_epsilon",
+        "name",
+        "normalize_first",
+        "num_heads",
+        "trainable",
+    }
+)
+
 
 def direct_calls():
     """The `direct_sublayer_calls` context with torch's layer calls and
@@ -201,9 +222,9 @@ def decoder_step_weights(layer):
 
     None where a sublayer is not what `decoder_step` computes: not
     float32, quantized, with LoRA, another activation or another
-    normalization. Read once per `direct_calls` context (one search), so
-    a layer quantized or given LoRA inside a context keeps the weights
-    read first.
+    normalization; and for a layer with options it does not know. Read
+    once per `direct_calls` context (one search), so a layer quantized or
+    given LoRA inside a context keeps the weights read first.
     """
     self_attention = layer.self_attention
     cross_attention = layer.cross_attention
@@ -225,7 +246,8 @@ def decoder_step_weights(layer):
     sublayers = [self_attention, cross_attention, feed_forward, intermediate]
     sublayers += [feed_forward.output_dense, *projections, *norms]
     if not (
-        all(
+        layer.get_config().keys() <= _DECODER_CONFIG
+        and all(
             _calls_directly(sublayer)
             and sublayer.compute_dtype == "float32"
             and not getattr(sublayer, "lora_enabled", False)

@@ -376,16 +376,18 @@ def test_decoding_context_decodes_as_the_layer_calls(
 
 
 @pytest.mark.parametrize(
-    "setting", ["float32", "linear", "split", "lora", "int8", "gelu"]
+    "setting",
+    ["float32", "linear", "split", "lora", "int8", "gelu", "new_option"],
 )
 def test_torch_decoding_replaces_decoder_layer_calls_where_alike(
     setting, monkeypatch, rng
 ):
     """On torch, a float32 decoder layer with a stacked cache runs as
     `decoder_step` inside the decoding context: its `call` is not
-    reached. A split cache, LoRA, a quantized layer and an activation
-    other than ReLU or linear keep the layer's `call`; every setting
-    gives the logits of plain layer calls."""
+    reached. A split cache, LoRA, a quantized layer, an activation
+    other than ReLU or linear, and a layer option `decoder_step` does
+    not know keep the layer's `call`; every setting gives the logits of
+    plain layer calls."""
     activation = {"linear": "linear", "gelu": "gelu"}.get(setting, "relu")
     model = _randomized(tiny_model(activation=activation))
     if setting == "lora":
@@ -396,6 +398,11 @@ def test_torch_decoding_replaces_decoder_layer_calls_where_alike(
         )
     if setting == "int8":
         model.quantize("int8")
+    if setting == "new_option":
+        # An option added to the layer after `decoder_step` was written.
+        layer = model.decoder_layers[1]
+        config = layer.get_config()
+        layer.get_config = lambda: dict(config, new_option=True)
     batch = random_batch(rng, 2, 5, 3)
     chunks = [1, 2]
     stacked = setting != "split"
@@ -407,8 +414,8 @@ def test_torch_decoding_replaces_decoder_layer_calls_where_alike(
     on_torch = keras.backend.backend() == "torch"
     if on_torch and setting in ("float32", "linear"):
         assert not calls
-    elif on_torch and setting == "lora":
-        # Only the layer with LoRA keeps its call.
+    elif on_torch and setting in ("lora", "new_option"):
+        # Only the layer with LoRA, or with the new option, keeps its call.
         assert set(calls) == {model.decoder_layers[1].name}
     else:
         assert set(calls) == {layer.name for layer in model.decoder_layers}
