@@ -519,8 +519,11 @@ def test_mixed_model_decodes_alike_with_split_and_stacked_caches(rng):
     split, _ = _decode_in_chunks(_mixed_model, batch, [1] * 4, stacked=False)
     stacked, _ = _decode_in_chunks(_mixed_model, batch, [1] * 4, True)
     assert split.dtype == np.float32
-    # bfloat16 products: agreement to bfloat16's precision.
-    np.testing.assert_allclose(split, stacked, atol=3e-2, rtol=3e-2)
+    # bfloat16 products, summed in other orders by the two paths on
+    # torch: logits of magnitude up to about 5 differed by up to 0.051
+    # over 126 random models (a few bfloat16 steps), against errors of
+    # order 1 from a wrong mask or path.
+    np.testing.assert_allclose(split, stacked, atol=6e-2, rtol=3e-2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
@@ -560,6 +563,8 @@ def test_torch_decoding_writes_the_cache_in_place_and_only_there(dtype, rng):
     )
 
 
+# Built at import, so seeded here: the same weights in every run.
+keras.utils.set_random_seed(1)
 _mixed_model = tiny_model(dtype="mixed_bfloat16")
 
 
