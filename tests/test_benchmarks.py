@@ -4,9 +4,10 @@ stale, and the numbers they are built on are right."""
 import json
 
 import keras
+import numpy as np
 import pytest
 
-from benchmarks import decoding, dropout, end_to_end, gpu, training
+from benchmarks import decoding, dropout, end_to_end, gpu, optimizer, training
 from benchmarks.training import model_config, train_flops
 
 
@@ -66,6 +67,32 @@ def test_dropout_smoke(tmp_path):
         assert row["ms"] > 0 and len(row["per_round_ms"]) == 1
     keras_ms, ours_ms = (r["per_round_ms"][0] for r in result["rows"][::-1])
     assert result["ours_speedup"]["median"] == pytest.approx(keras_ms / ours_ms)
+
+
+def test_optimizer_smoke(tmp_path):
+    path = tmp_path / "optimizer.json"
+    report = optimizer.main(
+        ["--smoke", "--threads", "0", "--output", str(path)]
+    )
+    assert json.loads(path.read_text())["benchmark"] == "optimizer"
+    result = report["configs"]["smoke"]
+    expected = ["ours", "keras"]
+    if keras.backend.backend() == "torch":
+        expected += ["torch", "torch_fused"]
+    assert [r["contestant"] for r in result["rows"]] == expected
+    rows = {r["contestant"]: r for r in result["rows"]}
+    for row in rows.values():
+        assert row["ms"] > 0 and len(row["per_round_ms"]) == 1
+    assert rows["keras"]["ours_speedup"]["median"] == pytest.approx(
+        rows["keras"]["per_round_ms"][0] / rows["ours"]["per_round_ms"][0]
+    )
+    # Every trainable variable of the one-layer model is updated.
+    assert result["parameters"] == sum(
+        int(np.prod(v.shape))
+        for v in training.build_ours(
+            model_config("smoke"), 64
+        ).trainable_variables
+    )
 
 
 def test_training_dropout_replaces_the_configurations(tmp_path):

@@ -165,7 +165,7 @@ def test_adam_matches_a_float64_reference(epsilon):
         np.testing.assert_allclose(a, b, rtol=0, atol=3e-6)
 
 
-def _fused_kernel_ran(optimizer, variables, grads):
+def _fused_kernel_ran(optimizer, variables, grads, jit_compile=False):
     """Whether one `apply_gradients` runs the backend's fused Adam kernel:
     torch's ``_fused_adam_`` (seen by torch's profiler) or TensorFlow's
     ``ResourceApplyAdam`` (an op of the traced graph)."""
@@ -180,7 +180,8 @@ def _fused_kernel_ran(optimizer, variables, grads):
         apply = tf.function(
             lambda: optimizer.apply_gradients(
                 zip(grads, variables, strict=True)
-            )
+            ),
+            jit_compile=jit_compile,
         )
         graph = apply.get_concrete_function().graph.as_graph_def()
         types = {node.op for node in graph.node}
@@ -204,6 +205,11 @@ def test_adam_uses_the_fused_kernel_where_it_can():
     amsgrad = training.Adam(1e-3, amsgrad=True)
     amsgrad.build(variables)
     assert not _fused_kernel_ran(amsgrad, variables, grads)
+    if keras.backend.backend() == "tensorflow":
+        # Under XLA Keras's update, which XLA fuses, runs.
+        assert not _fused_kernel_ran(
+            optimizer, variables, grads, jit_compile=True
+        )
 
 
 def test_adam_updates_variables_of_several_dtypes_as_keras():
