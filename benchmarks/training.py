@@ -26,10 +26,11 @@ label-smoothed (0.1) cross entropy that ignores padding:
   embedding and sinusoids, `F.cross_entropy(label_smoothing=0.1,
   ignore_index=0)` (the same loss) and `torch.optim.Adam`; torch backend
   only.
-- ``ours_keras_adam`` (torch only): ours with `keras.optimizers.Adam`
-  instead of our `training.Adam`, which has the same update but a
-  faster torch implementation (elsewhere the two run the same code):
-  the model alone, against keras_hub with the same optimizer.
+- ``ours_keras_adam`` (torch, and TensorFlow without XLA): ours with
+  `keras.optimizers.Adam` instead of our `training.Adam`, which has the
+  same update but fused kernels there (on JAX and under XLA the two run
+  the same code): the model alone, against keras_hub with the same
+  optimizer.
 - ``ours_mixed_bfloat16`` (with ``--with-mixed-bfloat16``): ours again
   under Keras's ``mixed_bfloat16`` policy (bfloat16 matmuls, float32
   variables and loss), against ``ours`` in float32: whether the policy
@@ -125,7 +126,7 @@ def make_batch(batch, source_length, target_length, vocabulary, seed=0):
 
 def optimizer(learning_rate=1e-4, ours=False):
     """Adam(0.9, 0.98, 1e-9): Keras's, or ours (`training.Adam`, the
-    same update, faster on torch)."""
+    same update, faster on TensorFlow and torch)."""
     import keras
 
     from keras_transformer import training
@@ -348,8 +349,10 @@ def run_config(name, args, backend):
     models = {
         "ours": build_ours(config, vocabulary, dtype),
     }
-    if backend == "torch":
-        # Our Adam differs from Keras's only on torch (`training.Adam`).
+    if backend == "torch" or (
+        backend == "tensorflow" and args.jit_compile is not True
+    ):
+        # Where our Adam runs other code than Keras's (`training.Adam`).
         models["ours_keras_adam"] = build_ours(config, vocabulary, dtype)
     if args.with_mixed_bfloat16:
         models["ours_mixed_bfloat16"] = build_ours(

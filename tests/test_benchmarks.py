@@ -36,6 +36,10 @@ def test_training_smoke(tmp_path):
     expected = {"ours", "keras_hub", "keras_hub_keras_loss"}
     if keras.backend.backend() == "torch":
         expected |= {"torch", "ours_keras_adam"}
+    if keras.backend.backend() == "tensorflow":
+        # Our Adam runs other code than Keras's on TensorFlow's graph
+        # executor (not under XLA, see the test below).
+        expected |= {"ours_keras_adam"}
     assert set(rows) == expected
     assert rows["ours"]["optimizer"] == "keras_transformer"
     assert rows["keras_hub"]["optimizer"] == "keras"
@@ -67,6 +71,21 @@ def test_dropout_smoke(tmp_path):
         assert row["ms"] > 0 and len(row["per_round_ms"]) == 1
     keras_ms, ours_ms = (r["per_round_ms"][0] for r in result["rows"][::-1])
     assert result["ours_speedup"]["median"] == pytest.approx(keras_ms / ours_ms)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="jit_compile=True is torch.compile on torch",
+)
+def test_training_under_xla_has_no_keras_adam_contestant():
+    # Under XLA our Adam runs Keras's code: a contestant would be a copy.
+    report = training.main(
+        ["--smoke", "--threads", "0", "--skip-keras-hub", "--jit-compile"]
+        + ["true"]
+    )
+    rows = report["configs"]["smoke"]["rows"]
+    assert [r["contestant"] for r in rows] == ["ours"]
+    assert rows[0]["jit_compile"] is True
 
 
 def test_optimizer_smoke(tmp_path):

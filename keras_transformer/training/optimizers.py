@@ -24,9 +24,11 @@ class Adam(keras.optimizers.Adam):
       which fuses Keras's operations itself (the fused op gained
       nothing measurable there).
     - torch on the CPU: ``torch._fused_adam_``, the kernel of
-      `torch.optim.Adam(fused=True)`. On other devices, and where torch
-      lacks it, each variable is updated in turn by torch's in-place
-      kernels (``lerp_``, ``addcmul_``) and one reused scratch buffer.
+      `torch.optim.Adam(fused=True)`. On other devices, for variables
+      that are not contiguous, under `torch.compile` and where torch
+      lacks the kernel, each variable is updated in turn by torch's
+      in-place kernels (``lerp_``, ``addcmul_``) and one reused scratch
+      buffer per dtype.
     - JAX: Keras's code, which XLA already fuses.
 
     The arithmetic is Keras's, ``alpha = lr * sqrt(1 - beta_2^t) / (1 -
@@ -98,44 +100,61 @@ class Adam(keras.optimizers.Adam):
     def _torch_update_step(self, grads, trainable_variables, learning_rate):
         import torch
 
-        values = [variable.value for variable in trainable_variables]
-        grads = [
-            grad.to(value.dtype)
-            for grad, value in zip(grads, values, strict=True)
-        ]
-        indices = [self._get_variable_index(v) for v in trainable_variables]
-        moments = [self._momentums[i].value for i in indices]
-        velocities = [self._velocities[i].value for i in indices]
         fused = getattr(torch, "_fused_adam_", None)
-        if fused is not None and all(v.device.type == "cpu" for v in values):
-            # The CPU reads the step count and learning rate for free.
-            step = int(keras.ops.convert_to_numpy(self.iterations)) + 1
-            groups = {}
-            for group in zip(values, grads, moments, velocities, strict=True):
-                groups.setdefault(group[0].dtype, []).append(group)
-            for group in groups.values():
+        # Under torch.compile the host reads below would break the graph.
+        compiling = getattr(torch.compiler, "is_compiling", lambda: False)()
+        groups = {}
+        for variable, grad in zip(trainable_variables, grads, strict=True):
+            index = self._get_variable_index(variable)
+            value = variable.value
+            m = self._momentums[index].value
+            v = self._velocities[index].value
+            # The fused kernel walks the four tensors by flat offset, so
+            # they must share one layout: Keras's slots are contiguous, a
+            # variable made from a transposed array is not.
+            fusible = (
+                fused is not None
+                and not compiling
+                and value.device.type == "cpu"
+                and value.is_contiguous()
+                and m.is_contiguous()
+                and v.is_contiguous()
+            )
+            group = groups.setdefault((fusible, value.dtype), ([], [], [], []))
+            for part, tensor in zip(group, (value, grad, m, v), strict=True):
+                part.append(tensor)
+        for (fusible, dtype), (
+            values,
+            grads,
+            moments,
+            velocities,
+        ) in groups.items():
+            grads = [grad.to(dtype) for grad in grads]
+            if fusible:
                 self._torch_fused_update(
-                    fused, *zip(*group, strict=True), step, learning_rate
+                    fused, values, grads, moments, velocities, learning_rate
                 )
-            return
-        self._torch_update_loop(
-            values, grads, moments, velocities, learning_rate
-        )
+            else:
+                self._torch_update_loop(
+                    values, grads, moments, velocities, learning_rate
+                )
 
     def _torch_fused_update(
-        self, fused, values, grads, moments, velocities, step, learning_rate
+        self, fused, values, grads, moments, velocities, learning_rate
     ):
         import torch
 
+        # On the CPU the step count and learning rate are read for free.
+        step = int(keras.ops.convert_to_numpy(self.iterations)) + 1
         bias_2 = 1 - float(self.beta_2) ** step
         # torch divides by sqrt(1 - beta_2^t) before adding epsilon, Keras
         # after: sqrt(v) / s + epsilon / s is Keras's (sqrt(v) + epsilon) / s.
         step_tensor = torch.tensor(float(step))
         fused(
-            list(values),
+            values,
             [grad.contiguous() for grad in grads],
-            list(moments),
-            list(velocities),
+            moments,
+            velocities,
             [],
             [step_tensor] * len(values),
             lr=float(learning_rate),
@@ -159,11 +178,12 @@ class Adam(keras.optimizers.Adam):
         # One buffer for every variable's ``sqrt(v) + epsilon``: a new
         # tensor per variable and step costs the allocator page faults.
         size = max(value.numel() for value in values)
-        scratch = self.__dict__.get("_torch_scratch")
-        if scratch is None or scratch.numel() < size or scratch.dtype != dtype:
+        # Not Keras variables: kept out of Keras's attribute tracking.
+        buffers = self.__dict__.setdefault("_torch_scratch", {})
+        scratch = buffers.get((dtype, device))
+        if scratch is None or scratch.numel() < size:
             scratch = torch.empty(size, dtype=dtype, device=device)
-            # Not a Keras variable: kept out of Keras's attribute tracking.
-            self.__dict__["_torch_scratch"] = scratch
+            buffers[(dtype, device)] = scratch
         for grad, value, m, v in zip(
             grads, values, moments, velocities, strict=True
         ):

@@ -102,7 +102,8 @@ def transformer_optimizer(
     `keras.optimizers.Adam` (e.g. ``clipnorm``).
 
     The optimizer is `keras_transformer.training.optimizers.Adam`: Keras's
-    Adam, with the same update and slots, faster on torch.
+    Adam, with the same update and slots, faster on TensorFlow and
+    torch.
     """
     return Adam(
         learning_rate=TransformerSchedule(
