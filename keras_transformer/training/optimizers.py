@@ -31,6 +31,11 @@ class Adam(keras.optimizers.Adam):
       buffer per dtype.
     - JAX: Keras's code, which XLA already fuses.
 
+    With ``gradient_accumulation_steps``, a learning-rate schedule is
+    evaluated at the number of updates (`iterations`), as
+    `transformer_optimizer` promises, where Keras's Adam evaluates it at
+    the number of batches.
+
     The arithmetic is Keras's, ``alpha = lr * sqrt(1 - beta_2^t) / (1 -
     beta_1^t)``, ``m += (g - m) (1 - beta_1)``, ``v += (g^2 - v) (1 -
     beta_2)`` and ``var -= alpha * m / (sqrt(v) + epsilon)``, to float
@@ -43,6 +48,18 @@ class Adam(keras.optimizers.Adam):
     Example:
     >>> optimizer = Adam(1e-3, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     """
+
+    def _get_current_learning_rate(self):
+        # Keras evaluates a schedule at its batch counter, which with
+        # ``gradient_accumulation_steps`` runs ahead of the updates; the
+        # paper's schedule (and `TransformerSchedule`'s warm-up and
+        # cool-down) counts updates, `self.iterations`.
+        if self.gradient_accumulation_steps and isinstance(
+            self._learning_rate,
+            keras.optimizers.schedules.LearningRateSchedule,
+        ):
+            return self._learning_rate(self.iterations)
+        return super()._get_current_learning_rate()
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if keras.backend.backend() != "torch" or self.amsgrad:

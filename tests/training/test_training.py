@@ -127,6 +127,37 @@ def _adam_reference(steps=4, epsilon=1e-7, beta_1=0.9, beta_2=0.999):
     return variables
 
 
+class _PerUpdate(keras.optimizers.schedules.LearningRateSchedule):
+    """``schedule`` at batch ``b`` evaluated at update ``b // batches``."""
+
+    def __init__(self, schedule, batches):
+        self.schedule, self.batches = schedule, batches
+
+    def __call__(self, step):
+        return self.schedule(ops.floor_divide(step, self.batches))
+
+
+def test_schedule_counts_updates_under_gradient_accumulation():
+    optimizer = training.transformer_optimizer(
+        64, warmup_steps=100, gradient_accumulation_steps=3
+    )
+    variable = keras.Variable(np.ones(2, "float32"))
+    optimizer.build([variable])
+    schedule = optimizer._learning_rate
+    rates = []
+    for _ in range(7):
+        rates.append(float(optimizer.learning_rate))
+        optimizer.apply_gradients([(ops.ones(2), variable)])
+    # Batches 0-2 make update 0, batches 3-5 update 1: the rate steps
+    # once per update, not once per batch.
+    expected = [float(schedule(u)) for u in (0, 0, 0, 1, 1, 1, 2)]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    assert int(optimizer.iterations) == 2
+    # In the warm-up the rate grows with the step: Keras's Adam would
+    # have been at the rate of batch 6, 7/3 of update 2's.
+    assert float(schedule(6)) > 2 * rates[-1]
+
+
 @pytest.mark.parametrize(
     "settings",
     [
@@ -148,7 +179,12 @@ def test_adam_updates_as_keras_adam(settings):
         return training.TransformerSchedule(64, warmup_steps=2)
 
     ours = _adam_run(training.Adam(schedule(), **settings))
-    theirs = _adam_run(keras.optimizers.Adam(schedule(), **settings))
+    # Keras evaluates a schedule at its batch count; ours at the update
+    # count (see test_schedule_counts_updates_under_gradient_accumulation).
+    batches = settings.get("gradient_accumulation_steps") or 1
+    theirs = _adam_run(
+        keras.optimizers.Adam(_PerUpdate(schedule(), batches), **settings)
+    )
     assert len(ours) == len(theirs)
     # Keras's float32 bias correction, 1 - beta_2^t, loses digits to
     # cancellation (2e-6 after four steps here); the fused kernels are
