@@ -633,6 +633,18 @@ class Transformer(keras.Model):
             y = self.decoder_final_norm(y)
         return self._logits(y), weights
 
+    # --- training
+
+    def make_train_function(self, force=False):
+        # On JAX's CPU, XLA compiles the step with an analysis that spares
+        # it a copy of every variable each step (see `_jax_compile`).
+        if keras.backend.backend() != "jax":
+            return super().make_train_function(force)
+        from keras_transformer import _jax_compile
+
+        with _jax_compile.train_step_options():
+            return super().make_train_function(force)
+
     # --- configuration
 
     @classmethod

@@ -722,3 +722,105 @@ def test_time_limit_leaves_room_for_the_end_of_epoch_work():
 
     with pytest.raises(ValueError, match="max_minutes=0"):
         training.TimeLimit(max_minutes=0)
+
+
+def _compiled_train_step(model):
+    """The `jax.jit` function inside ``model.train_function``."""
+    seen, pending = set(), [model.train_function]
+    while pending:
+        fn = pending.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if hasattr(fn, "lower"):
+            return fn
+        for cell in getattr(fn, "__closure__", None) or ():
+            if callable(cell.cell_contents):
+                pending.append(cell.cell_contents)
+    raise AssertionError("no jitted step in model.train_function")
+
+
+def _jax_trained(rng_seed, batch, plain_keras_step=False, steps=2):
+    keras.utils.set_random_seed(rng_seed)
+    model = tiny_model(dropout=0.1)
+    model.compile(
+        optimizer=training.Adam(1e-2),
+        loss=training.LabelSmoothedCrossEntropy(0.1),
+    )
+    if plain_keras_step:
+        keras.Model.make_train_function(model)
+    inputs, labels = batch
+    for _ in range(steps):
+        model.train_on_batch(inputs, labels)
+    return model
+
+
+def _shifted_batch(seed=0):
+    from tests.helpers import random_batch
+
+    inputs = random_batch(np.random.default_rng(seed))
+    labels = np.concatenate(
+        [inputs["decoder_token_ids"][:, 1:], np.zeros((3, 1), "int32")], 1
+    )
+    return inputs, labels
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="XLA options of JAX's trainer"
+)
+def test_jax_train_step_copies_no_variable():
+    # XLA's CPU compiler copied every donated variable at the start of
+    # the step unless asked for region analysis (`_jax_compile`).
+    import jax
+    from keras.src.backend.jax import trainer
+
+    from keras_transformer import _jax_compile
+
+    if _jax_compile.cpu_train_options() is None:
+        pytest.skip("JAX does not compute on the CPU here")
+    inputs, labels = _shifted_batch()
+    model = _jax_trained(0, (inputs, labels), steps=1)
+    state = model._get_jax_state(
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
+        purge_model_variables=False,
+    )
+    step = _compiled_train_step(model)
+    hlo = step.lower(state, (inputs, labels, None)).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY ") :]
+    entry = entry[: entry.index("\n}\n")]
+    parameters = {
+        line.split(" = ")[0].strip().lstrip("%")
+        for line in entry.splitlines()
+        if " parameter(" in line
+    }
+    # Copies of variables (a scalar, the step count, may stay).
+    copied = [
+        line.strip()
+        for line in entry.splitlines()
+        if " copy(" in line
+        and "[]" not in line.split(" = ")[1].split(" ")[0]
+        and line.split(" copy(")[1].split(")")[0].lstrip("%") in parameters
+    ]
+    assert len(parameters) > len(model.trainable_variables)
+    assert copied == [], copied[:3]
+    # The option is set for the training step alone.
+    assert trainer.jit is jax.jit
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="XLA options of JAX's trainer"
+)
+def test_jax_train_step_options_change_no_value():
+    batch = _shifted_batch()
+    ours = _jax_trained(3, batch)
+    plain = _jax_trained(3, batch, plain_keras_step=True)
+    assert len(ours.weights) == len(plain.weights)
+    for a, b in zip(ours.weights, plain.weights, strict=True):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
+    for a, b in zip(
+        ours.optimizer.variables, plain.optimizer.variables, strict=True
+    ):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
