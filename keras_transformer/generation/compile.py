@@ -63,6 +63,16 @@ def compile_function(fn, model, jit_compile=True):
     )
 
 
+def tensorflow_xla_on_cpu(jit_compile):
+    """Whether `compile_function` compiles with TensorFlow's XLA for the
+    CPU (``jit_compile`` on TensorFlow, and no GPU visible to it)."""
+    if keras.backend.backend() != "tensorflow" or not jit_compile:
+        return False
+    import tensorflow as tf
+
+    return not tf.config.list_logical_devices("GPU")
+
+
 def torch_direct_calls():
     """The `direct_sublayer_calls` context of decoding on torch, with
     torch's own layer calls and ops (`_torch_decoding`). Torch backend

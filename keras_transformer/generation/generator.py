@@ -9,7 +9,10 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.generation import search
-from keras_transformer.generation.compile import compile_function
+from keras_transformer.generation.compile import (
+    compile_function,
+    tensorflow_xla_on_cpu,
+)
 
 METHODS = ("greedy", "beam", "sample")
 CACHE_LAYOUTS = ("split", "stacked")
@@ -144,21 +147,34 @@ class Generator:
 
         Searched alone with the cache, one source with one hypothesis
         (greedy search, one sample) makes every decoder step multiply a
-        single row by the weights. TensorFlow's XLA fuses each of those
-        products with its bias into a vector-matrix loop that it emits
-        itself, where it hands two rows to its matrix library: a base
-        decoder step took 12.0 ms with one row and 9.4 ms with two on a
-        2-core CPU (17.0 ms and 11.6 ms on one thread). There a lone
-        source is searched with a filler row beside it (a lone end
-        token, like the batch bucket's other fillers). JAX and torch run
-        a lone row faster alone, and without the cache the decoder
-        already multiplies a row per position.
+        single row by the weights. TensorFlow's XLA for the CPU fuses
+        each of those products with its bias into a vector-matrix loop
+        that it emits itself, where it hands two rows to its matrix
+        library: a base decoder step took 12.0 ms with one row and 9.4
+        ms with two on a 2-core CPU (17.0 ms and 11.6 ms on one thread).
+        There a lone source is searched with a filler row beside it (a
+        lone end token, like the batch bucket's other fillers), and
+        finds what it finds in a batch: its logits can differ in the
+        last bits from a one-row program's, as any two batch buckets'
+        can. Its sampling draws are those of a one-row bucket (see
+        `_uniform`). JAX and torch run a lone row faster alone, and
+        without the cache the decoder already multiplies a row per
+        position; on a GPU it was not measured.
         """
-        tensorflow_xla = (
-            keras.backend.backend() == "tensorflow" and self.jit_compile
-        )
         one_row = use_cache and rows_per_source == 1
-        return 2 if tensorflow_xla and one_row else 1
+        return 2 if one_row and tensorflow_xla_on_cpu(self.jit_compile) else 1
+
+    @staticmethod
+    def _uniform(seed, buffer_length, num_rows, batch_bucket, samples):
+        """The uniform numbers a sampling search draws its tokens with,
+        ``(buffer_length, batch_bucket * samples)``: drawn for the batch
+        bucket of ``num_rows`` sources, so that filler sources added
+        beyond it (`_fewest_sources`) do not change a source's draws."""
+        drawn = bucket_batch(max(num_rows, 1))
+        rng = np.random.default_rng(seed)
+        uniform = rng.uniform(1e-6, 1.0, (buffer_length, drawn * samples))
+        filler = np.full((buffer_length, (batch_bucket - drawn) * samples), 0.5)
+        return np.concatenate([uniform, filler], axis=1).astype("float32")
 
     def _cached_step(self, sequences, index, cache, constants):
         # (rows, 1): the token at column `index` is the input of this step.
@@ -459,12 +475,13 @@ class Generator:
 
         uniform = None
         if method == "sample":
-            rng = np.random.default_rng(seed)
-            uniform = rng.uniform(
-                1e-6,
-                1.0,
-                (buffer_length, batch_bucket * num_return_sequences),
-            ).astype("float32")
+            uniform = self._uniform(
+                seed,
+                buffer_length,
+                num_rows,
+                batch_bucket,
+                num_return_sequences,
+            )
             uniform = ops.convert_to_tensor(uniform)
         # Settings that change shapes or the program are compile keys;
         # the others are runtime arguments, so changing them is free.

@@ -765,6 +765,29 @@ def _shifted_batch(seed=0):
     return inputs, labels
 
 
+def _variable_copies(hlo):
+    """The ``copy`` instructions of an entry computation's non-scalar
+    parameters (its variables; a scalar, the step count, may stay)."""
+    entry = hlo[hlo.index("\nENTRY ") :]
+    entry = entry[: entry.index("\n}\n")]
+    lines = entry.splitlines()
+    parameters = {
+        line.split(" = ")[0].strip().removeprefix("ROOT ").lstrip("%")
+        for line in lines
+        if " parameter(" in line
+    }
+    copies = []
+    for line in lines:
+        if " copy(" not in line:
+            continue
+        result_shape = line.split(" = ")[1].split(" ")[0]
+        # The operand, printed with or without its shape.
+        operand = line.split(" copy(")[1].split(")")[0].split()[-1]
+        if "[]" not in result_shape and operand.lstrip("%") in parameters:
+            copies.append(line.strip())
+    return copies, len(parameters)
+
+
 @pytest.mark.skipif(
     keras.backend.backend() != "jax", reason="XLA options of JAX's trainer"
 )
@@ -776,8 +799,9 @@ def test_jax_train_step_copies_no_variable():
 
     from keras_transformer import _jax_compile
 
-    if _jax_compile.cpu_train_options() is None:
-        pytest.skip("JAX does not compute on the CPU here")
+    if jax.default_backend() != "cpu":
+        pytest.skip("the option is for JAX's CPU")
+    assert _jax_compile.cpu_train_options() is not None
     inputs, labels = _shifted_batch()
     model = _jax_trained(0, (inputs, labels), steps=1)
     state = model._get_jax_state(
@@ -787,25 +811,18 @@ def test_jax_train_step_copies_no_variable():
         metrics_variables=True,
         purge_model_variables=False,
     )
+    data = (inputs, labels, None)
     step = _compiled_train_step(model)
-    hlo = step.lower(state, (inputs, labels, None)).compile().as_text()
-    entry = hlo[hlo.index("\nENTRY ") :]
-    entry = entry[: entry.index("\n}\n")]
-    parameters = {
-        line.split(" = ")[0].strip().lstrip("%")
-        for line in entry.splitlines()
-        if " parameter(" in line
-    }
-    # Copies of variables (a scalar, the step count, may stay).
-    copied = [
-        line.strip()
-        for line in entry.splitlines()
-        if " copy(" in line
-        and "[]" not in line.split(" = ")[1].split(" ")[0]
-        and line.split(" copy(")[1].split(")")[0].lstrip("%") in parameters
-    ]
-    assert len(parameters) > len(model.trainable_variables)
+    copied, parameters = _variable_copies(
+        step.lower(state, data).compile().as_text()
+    )
+    assert parameters > len(model.trainable_variables)
     assert copied == [], copied[:3]
+    # The same step compiled as Keras compiles it: the copies the
+    # option removes (so this test sees them where they are).
+    plain = jax.jit(model.train_step, donate_argnums=0)
+    copied, _ = _variable_copies(plain.lower(state, data).compile().as_text())
+    assert len(copied) >= len(model.trainable_variables) // 2, len(copied)
     # The option is set for the training step alone.
     assert trainer.jit is jax.jit
 
