@@ -1,11 +1,13 @@
-"""Shared helpers of the benchmarks: thread pinning, machine description,
-interleaved rounds, the matrix-multiply probe and JSON output.
+"""Shared helpers of the benchmarks: command-line options, thread
+pinning, machine description, interleaved rounds, the matrix-multiply
+probe and JSON output.
 
 `pin_threads` must run before the backend framework is imported (the
 XLA flag is read once, at start-up), so the benchmark modules call it at
 import time of `main`, before importing `keras`.
 """
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -13,6 +15,19 @@ import platform
 import statistics
 import subprocess
 import time
+
+
+def argument_parser(doc, rounds, smoke_help=None):
+    """The options of a benchmark timed per model configuration:
+    ``--configs``, ``--rounds`` (default ``rounds``), ``--threads``,
+    ``--output`` and ``--smoke``; the benchmark adds its own."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--configs", nargs="+", default=["tiny", "base"])
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--smoke", action="store_true", help=smoke_help)
+    return parser
 
 
 def pin_threads(threads):

@@ -17,8 +17,6 @@ and torch `layers.Dropout` runs Keras's own code, so the two contestants
 should tie there.
 """
 
-import argparse
-import os
 import statistics
 
 from benchmarks import _common
@@ -44,13 +42,8 @@ def compiled_step(model):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="+", default=["tiny", "base"])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser = _common.argument_parser(__doc__, rounds=7)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--output", default=None)
-    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
         args.configs, args.rounds, args.repeats = ["smoke"], 1, 1

@@ -17,8 +17,6 @@ contestant built first measured up to 25% slower on the same code (a
 bias not located), so only ratios well beyond that mean anything.
 """
 
-import argparse
-import os
 import statistics
 
 from benchmarks import _common
@@ -96,17 +94,12 @@ def torch_update(values, grads, fused):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="+", default=["tiny", "base"])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser = _common.argument_parser(__doc__, rounds=7)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocabulary-size", type=int, default=8000)
     parser.add_argument(
         "--jit-compile", default="auto", choices=("auto", "true")
     )
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--output", default=None)
-    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
         args.configs, args.rounds, args.repeats = ["smoke"], 1, 1

@@ -45,9 +45,7 @@ matrix multiplies of a step analytically (`train_flops`) on the padded
 shapes, and is reported as a fraction of the probe of the same round.
 """
 
-import argparse
 import math
-import os
 import statistics
 import sys
 
@@ -450,9 +448,11 @@ def run_config(name, args, backend):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="+", default=["tiny", "base"])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = _common.argument_parser(
+        __doc__,
+        rounds=5,
+        smoke_help="a one-layer, 16-wide model, one round of one step",
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--vocabulary-size", type=int, default=8000)
@@ -465,7 +465,6 @@ def parse_args(argv=None):
         help="also time ours under the mixed_bfloat16 policy, against "
         "ours in float32 (needs --dtype float32)",
     )
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument(
         "--jit-compile",
         default="auto",
@@ -486,12 +485,6 @@ def parse_args(argv=None):
     parser.add_argument("--skip-keras-hub", action="store_true")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--skip-probe", action="store_true")
-    parser.add_argument("--output", default=None)
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a one-layer, 16-wide model, one round of one step",
-    )
     args = parser.parse_args(argv)
     args.jit_compile = {"true": True, "false": False}.get(
         args.jit_compile, args.jit_compile
