@@ -12,9 +12,11 @@ TensorFlow `apply_gradients` in a `tf.function` (with XLA given
 ``--jit-compile true``), eager on torch. On torch also `torch.optim.Adam`
 on copies of the same tensors, with its default implementation and with
 ``fused=True``. On JAX and under XLA `training.Adam` runs Keras's code,
-so the two should tie there; on this project's 2-core machine the
-contestant built first measured up to 25% slower on the same code (a
-bias not located), so only ratios well beyond that mean anything.
+so the two should tie there: on this project's 2-core machine they
+tied within 3% when it was quiet (0.98x on JAX, 0.99x under XLA), but
+when it was noisy the contestant built first measured up to 25% slower
+on the same code (a bias not located), so on a noisy machine only
+ratios well beyond that mean anything.
 """
 
 import statistics
