@@ -445,7 +445,8 @@ def _add_push(commands):
     parser.add_argument(
         "--card",
         default=None,
-        help="model card settings, JSON (default: hub/RECIPE.json)",
+        help="model card settings, JSON (default: the recipe's, "
+        "keras_transformer/hub_settings/RECIPE.json)",
     )
     parser.add_argument(
         "--token", default=None, help="Hub token (default: the logged-in one)"

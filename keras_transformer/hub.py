@@ -21,11 +21,12 @@ Example:
 
 import dataclasses
 import hashlib
-import json
+import importlib.resources
 import os
 import pathlib
 import tempfile
 
+from keras_transformer.io_utils import read_json, write_json
 from keras_transformer.version import __version__
 
 HF_PREFIX = "hf://"
@@ -35,8 +36,8 @@ SAFETENSORS_FILE = "model.safetensors"
 RESULTS_FILE = "results.json"
 CARD_FILE = "README.md"
 # Publishing settings of the checkpoints the recipes produce, one JSON
-# file per recipe (present in a source checkout).
-HUB_DIR = pathlib.Path(__file__).resolve().parents[1] / "hub"
+# file per recipe: package data, so that an installed wheel has them too.
+SETTINGS_DIR = importlib.resources.files("keras_transformer") / "hub_settings"
 # Files the loader never reads: the card may be edited on the Hub.
 _NOT_IN_MANIFEST = (CARD_FILE, MANIFEST_FILE, ".gitattributes")
 
@@ -112,7 +113,7 @@ def write_manifest(directory):
         "keras_transformer_version": __version__,
         "files": files,
     }
-    _write_json(os.path.join(directory, MANIFEST_FILE), manifest)
+    write_json(os.path.join(directory, MANIFEST_FILE), manifest)
     return manifest
 
 
@@ -132,7 +133,7 @@ def verify_directory(directory, fix=None):
         ValueError: the manifest has an unknown format version.
     """
     fix = fix or "Save or download the translator again."
-    manifest = _read_json(os.path.join(directory, MANIFEST_FILE))
+    manifest = read_json(os.path.join(directory, MANIFEST_FILE))
     version = manifest.get("format_version")
     if version != MANIFEST_VERSION or manifest.get("algorithm") != "sha256":
         raise ValueError(
@@ -288,7 +289,7 @@ def _is_translator(directory):
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
         return False
-    return "format_version" in _read_json(path)
+    return "format_version" in read_json(path)
 
 
 # --- pushing
@@ -310,13 +311,14 @@ def read_results(results):
             "training run (keras-transformer train writes it), its output "
             "directory, or a dict."
         )
-    return _read_json(path)
+    return read_json(path)
 
 
 def load_card_settings(card=None, results=None):
     """Publishing settings for the model card (license, languages,
     datasets, tags, prose), from a dict or a JSON file; by default those
-    of the recipe that trained the model (``hub/RECIPE.json``)."""
+    of the recipe that trained the model (`SETTINGS_DIR`, the package's
+    ``hub_settings/RECIPE.json``)."""
     if isinstance(card, dict):
         return dict(card)
     if card is not None:
@@ -324,14 +326,18 @@ def load_card_settings(card=None, results=None):
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"No model card settings at {path!r}; pass a JSON file like "
-                "hub/multi30k_en_de.json, or a dict."
+                "keras_transformer/hub_settings/multi30k_en_de.json, or a "
+                "dict."
             )
-        return _read_json(path)
+        return read_json(path)
     recipe = (results or {}).get("recipe")
-    path = HUB_DIR / f"{recipe}.json"
-    if recipe and path.is_file():
-        return _read_json(path)
-    return {}
+    if not recipe:
+        return {}
+    settings = SETTINGS_DIR.joinpath(f"{recipe}.json")
+    if not settings.is_file():
+        return {}
+    with importlib.resources.as_file(settings) as path:
+        return read_json(path)
 
 
 def save_for_hub(
@@ -353,7 +359,7 @@ def save_for_hub(
         metadata={"format": "keras"},
     )
     if results is not None:
-        _write_json(os.path.join(directory, RESULTS_FILE), results)
+        write_json(os.path.join(directory, RESULTS_FILE), results)
     manifest = write_manifest(directory)
     with open(os.path.join(directory, CARD_FILE), "w", encoding="utf-8") as f:
         f.write(
@@ -410,7 +416,8 @@ def push_to_hub(
             run's output directory, its ``results.json``, a dict or a
             `RunSummary` (`keras_transformer.training.run_recipe`).
         card: model card settings (a dict or JSON file, see
-            ``hub/multi30k_en_de.json``); default: those of the recipe
+            ``keras_transformer/hub_settings/multi30k_en_de.json``);
+            default: those of the recipe
             named in ``results``.
         tag: also tag the new commit (e.g. ``"v1.0"``).
 
@@ -470,6 +477,7 @@ _DEFAULT_SETTINGS = {
     "datasets": [],
     "tags": [],
     "description": "",
+    "example": "A man rides a bike.",
     "data_license": "Not recorded: see the licence of the training data.",
 }
 
@@ -486,15 +494,51 @@ def model_card(
     languages, datasets, license, tags, ``model-index`` with BLEU) and a
     body with usage, architecture, training recipe, results, decoding
     settings and the data's licence."""
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+    from huggingface_hub import ModelCard
 
     settings = {**_DEFAULT_SETTINGS, **(settings or {})}
     results = results or {}
     recipe = results.get("recipe_settings") or {}
     name = settings.get("model_name") or repo_id.split("/")[-1]
+    test_split = recipe.get("test_split") or settings.get("test_split")
+    data = _card_data(settings, results, recipe, name, test_split)
+    reference = f"hf://{repo_id}" + (
+        "" if revision == "main" else f"@{revision}"
+    )
+    sections = [
+        f"# {settings.get('title') or name}",
+        settings["description"]
+        or "A Transformer (Vaswani et al., 2017) translator trained with "
+        "keras-transformer.",
+        "## Usage",
+        *_usage_section(reference, settings["example"]),
+        "## Model",
+        _table(_model_rows(translator)),
+        "## Training recipe",
+        _training_section(results, recipe),
+        "## Results",
+        _results_section(results, settings, test_split),
+        "## Decoding",
+        _table(list(translator.generation_config.to_dict().items())),
+        "## Data and licence",
+        settings["data_license"],
+        _license_line(settings),
+        "## Files",
+        _files_section(manifest),
+    ]
+    if settings.get("citation"):
+        sections += ["## Citation", f"```bibtex\n{settings['citation']}\n```"]
+    content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
+    return str(ModelCard(content))
+
+
+def _card_data(settings, results, recipe, name, test_split):
+    """The card's YAML metadata, with a ``model-index`` entry for the
+    test BLEU when there is one."""
+    from huggingface_hub import EvalResult, ModelCardData
+
     bleu = results.get("bleu")
     eval_results = None
-    test_split = recipe.get("test_split") or settings.get("test_split")
     if bleu is not None:
         eval_results = [
             EvalResult(
@@ -513,7 +557,7 @@ def model_card(
         ]
     tags = ["keras", "keras-transformer", "translation", "transformer"]
     tags += [t for t in settings["tags"] if t not in tags]
-    data = ModelCardData(
+    return ModelCardData(
         library_name="keras",
         license=settings["license"],
         license_name=settings.get("license_name"),
@@ -526,16 +570,10 @@ def model_card(
         metrics=["bleu"] if bleu is not None else None,
         eval_results=eval_results,
     )
-    example = settings.get("example", "A man rides a bike.")
-    reference = f"hf://{repo_id}" + (
-        "" if revision == "main" else f"@{revision}"
-    )
-    sections = [
-        f"# {settings.get('title') or name}",
-        settings["description"]
-        or "A Transformer (Vaswani et al., 2017) translator trained with "
-        "keras-transformer.",
-        "## Usage",
+
+
+def _usage_section(reference, example):
+    return [
         "Runs on the TensorFlow, JAX and PyTorch backends "
         "(`KERAS_BACKEND`); `pip install keras-transformer`.",
         "```python\nimport keras_transformer as kt\n\n"
@@ -545,35 +583,16 @@ def model_card(
         "Or from the command line: "
         f"`keras-transformer pull {reference}`, then "
         "`keras-transformer translate --model DIR`.",
-        "## Model",
-        _table(_model_rows(translator)),
-        "## Training recipe",
-        _training_section(results, recipe),
-        "## Results",
-        _results_section(results, settings, test_split),
-        "## Decoding",
-        _table(
-            [
-                (key, value)
-                for key, value in translator.generation_config.to_dict().items()
-            ]
-        ),
-        "## Data and licence",
-        settings["data_license"],
-        f"Model license: `{settings['license']}`"
-        + (
-            f" ({settings['license_name']})"
-            if settings.get("license_name")
-            else ""
-        )
-        + ".",
-        "## Files",
-        _files_section(manifest),
     ]
-    if settings.get("citation"):
-        sections += ["## Citation", f"```bibtex\n{settings['citation']}\n```"]
-    content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
-    return str(ModelCard(content))
+
+
+def _license_line(settings):
+    name = settings.get("license_name")
+    return (
+        f"Model license: `{settings['license']}`"
+        + (f" ({name})" if name else "")
+        + "."
+    )
 
 
 def _table(rows):
@@ -669,14 +688,3 @@ def _files_section(manifest):
             f"| `{name}` | {record['size']:,} | `{record['sha256'][:16]}…` |"
         )
     return "\n".join(lines)
-
-
-def _write_json(path, data):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def _read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)

@@ -288,17 +288,23 @@ def test_model_card_renders_bleu_and_recipe(pushed, run_results):
 
 
 @pytest.mark.parametrize(
-    "settings", sorted(p.name for p in hub.HUB_DIR.glob("*.json"))
+    "settings",
+    sorted(
+        p.name for p in hub.SETTINGS_DIR.iterdir() if p.name.endswith(".json")
+    ),
 )
 def test_publishing_settings_give_valid_cards(hub_translator, settings):
-    """Every checkpoint's settings in hub/ render a card the Hub's
-    metadata parser accepts, for a recipe that exists."""
+    """Every checkpoint's settings in keras_transformer/hub_settings/
+    render a card the Hub's metadata parser accepts, for a recipe that
+    exists."""
     from keras_transformer.training.recipes import RECIPES
 
     recipe = settings[: -len(".json")]
     assert recipe in RECIPES
     card_settings = hub.load_card_settings(results={"recipe": recipe})
-    assert card_settings == json.loads((hub.HUB_DIR / settings).read_text())
+    assert card_settings == json.loads(
+        hub.SETTINGS_DIR.joinpath(settings).read_text()
+    )
     text = hub.model_card(
         hub_translator,
         card_settings["repo_id"],
