@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer.data.bucketing import BatchPlanner, learn_bucket_shapes
@@ -172,6 +173,77 @@ def translation_dataset(
             f"max_length={max_length} must be an int of at least 2 (one "
             "token and the end or start id)."
         )
+    corpus = _tokenized_corpus(
+        source, target, tokenizer, max_length, num_parallel_calls
+    )
+    if bucket_boundaries is None:
+        shapes = learn_bucket_shapes(
+            corpus.source_lengths, corpus.target_lengths, num_buckets
+        )
+    else:
+        shapes = _shapes_from_boundaries(bucket_boundaries)
+    planner = BatchPlanner(
+        corpus.source_lengths,
+        corpus.target_lengths,
+        shapes,
+        max_tokens,
+        batch_multiple,
+    )
+    # Without shuffling, batches keep the corpus order.
+    deterministic = bool(deterministic) or not shuffle
+    plans = tf.data.Dataset.from_generator(
+        _plan_generator(planner, shuffle, seed, repeat),
+        output_signature=(
+            tf.TensorSpec([], tf.int32),
+            tf.TensorSpec([None], tf.int64),
+        ),
+    )
+    # The ids ride along with every plan (by reference, not copied) rather
+    # than being captured by the map function, which would copy them into
+    # its graph.
+    ids = tf.data.Dataset.from_tensors(
+        (
+            (corpus.source_ids.values, corpus.source_ids.row_splits),
+            (corpus.target_ids.values, corpus.target_ids.row_splits),
+        )
+    ).repeat()
+    dataset = tf.data.Dataset.zip(plans, ids).map(
+        _batch_function(planner),
+        num_parallel_calls=num_parallel_calls,
+        deterministic=deterministic,
+    )
+    if not repeat:
+        # Known length: Keras shows progress and never mistakes a shorter
+        # epoch for the end of the data.
+        dataset = dataset.apply(
+            tf.data.experimental.assert_cardinality(planner.num_batches)
+        )
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    if deterministic:
+        options = tf.data.Options()
+        options.deterministic = True
+        dataset = dataset.with_options(options)
+    dataset.corpus_stats = corpus.stats
+    dataset.batch_shapes = planner.batch_shapes
+    dataset.planner = planner
+    return dataset
+
+
+@dataclasses.dataclass
+class _TokenizedCorpus:
+    """The kept pairs' token ids, without start or end ids, and the padded
+    length each side needs."""
+
+    source_ids: tf.RaggedTensor  # (pairs, None) int32
+    target_ids: tf.RaggedTensor  # (pairs, None) int32
+    source_lengths: np.ndarray  # (pairs,) source + end
+    target_lengths: np.ndarray  # (pairs,) start + target
+    stats: CorpusStats
+
+
+def _tokenized_corpus(source, target, tokenizer, max_length, parallel_calls):
+    """Reads and tokenizes the pairs, drops (and counts) those longer than
+    ``max_length`` with the end or start id, and logs the counts."""
     pairs, stats = _read_sides(source, target)
     if not pairs:
         raise ValueError(
@@ -181,10 +253,10 @@ def translation_dataset(
     # The corpus is tokenized once, in a tf.data graph; each epoch then
     # only gathers and pads ids.
     source_ids = _tokenize_corpus(
-        tokenizer, [p[0] for p in pairs], num_parallel_calls
+        tokenizer, [p[0] for p in pairs], parallel_calls
     )
     target_ids = _tokenize_corpus(
-        tokenizer, [p[1] for p in pairs], num_parallel_calls
+        tokenizer, [p[1] for p in pairs], parallel_calls
     )
     del pairs
     # Padded lengths: source + end, start + target (= target + end).
@@ -214,20 +286,18 @@ def translation_dataset(
             f"({stats.report()}). Raise max_length."
         )
     stats.report("translation_dataset")
-    if bucket_boundaries is None:
-        shapes = learn_bucket_shapes(
-            source_lengths, target_lengths, num_buckets
-        )
-    else:
-        shapes = _shapes_from_boundaries(bucket_boundaries)
-    planner = BatchPlanner(
-        source_lengths, target_lengths, shapes, max_tokens, batch_multiple
+    return _TokenizedCorpus(
+        source_ids, target_ids, source_lengths, target_lengths, stats
     )
 
+
+def _plan_generator(planner, shuffle, seed, repeat):
+    """The generator function of the batch plans ``(bucket, indices)``:
+    each call (each iteration of the dataset) plays the next epoch, or
+    every epoch from the next one on when ``repeat``."""
     epochs = itertools.count()
 
     def plans():
-        # Each iteration of the dataset calls this anew: the next epoch.
         epoch = next(epochs)
         while True:
             yield from planner.batches(epoch, shuffle, seed)
@@ -235,6 +305,12 @@ def translation_dataset(
                 return
             epoch = next(epochs)
 
+    return plans
+
+
+def _batch_function(planner):
+    """The map from a plan and the corpus's ids to one padded batch of
+    ``(inputs, labels, sample_weight)`` in its bucket's shape."""
     batch_sizes = tf.constant(planner.batch_sizes, tf.int32)
     source_pads = tf.constant([s for s, _ in planner.shapes], tf.int32)
     target_pads = tf.constant([t for _, t in planner.shapes], tf.int32)
@@ -272,44 +348,7 @@ def translation_dataset(
         }
         return inputs, labels, tf.cast(labels != 0, tf.float32)
 
-    plan_dataset = tf.data.Dataset.from_generator(
-        plans,
-        output_signature=(
-            tf.TensorSpec([], tf.int32),
-            tf.TensorSpec([None], tf.int64),
-        ),
-    )
-    # The ids ride along with every plan (by reference, not copied) rather
-    # than being captured by the map function, which would copy them into
-    # its graph.
-    corpus = tf.data.Dataset.from_tensors(
-        (
-            (source_ids.values, source_ids.row_splits),
-            (target_ids.values, target_ids.row_splits),
-        )
-    ).repeat()
-    # Without shuffling, batches keep the corpus order.
-    deterministic = bool(deterministic) or not shuffle
-    dataset = tf.data.Dataset.zip(plan_dataset, corpus).map(
-        to_batch,
-        num_parallel_calls=num_parallel_calls,
-        deterministic=deterministic,
-    )
-    if not repeat:
-        # Known length: Keras shows progress and never mistakes a shorter
-        # epoch for the end of the data.
-        dataset = dataset.apply(
-            tf.data.experimental.assert_cardinality(planner.num_batches)
-        )
-    dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    if deterministic:
-        options = tf.data.Options()
-        options.deterministic = True
-        dataset = dataset.with_options(options)
-    dataset.corpus_stats = stats
-    dataset.batch_shapes = planner.batch_shapes
-    dataset.planner = planner
-    return dataset
+    return to_batch
 
 
 @dataclasses.dataclass

@@ -7,7 +7,6 @@ inside tf.data graphs with tensorflow-text and detokenizes back to text.
 """
 
 import io
-import json
 import os
 
 import numpy as np
@@ -16,6 +15,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.data.corpus import read_lines
+from keras_transformer.io_utils import read_json, write_json
 
 PAD_ID = 0
 UNK_ID = 1
@@ -223,9 +223,7 @@ class SubwordTokenizer:
             "end_id": END_ID,
             **self.config,
         }
-        with open(os.path.join(directory, CONFIG_FILENAME), "w") as f:
-            json.dump(config, f, indent=2, sort_keys=True)
-            f.write("\n")
+        write_json(os.path.join(directory, CONFIG_FILENAME), config)
 
     def __repr__(self):
         return f"SubwordTokenizer(vocabulary_size={self.vocabulary_size})"
@@ -254,8 +252,7 @@ def load_tokenizer(directory):
             )
     with open(paths[0], "rb") as f:
         proto = f.read()
-    with open(paths[1]) as f:
-        config = json.load(f)
+    config = read_json(paths[1])
     version = config.pop("format_version", None)
     if version != _FORMAT_VERSION:
         raise ValueError(
