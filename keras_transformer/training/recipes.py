@@ -5,14 +5,15 @@ BLEU on the test set, a saved translator)."""
 import contextlib
 import dataclasses
 import inspect
-import json
 import os
 import time
 
 import keras
 
 from keras_transformer._settings import replace_settings
+from keras_transformer.io_utils import write_json
 from keras_transformer.models import Transformer
+from keras_transformer.models.configs import get_config
 
 RESULTS_FILE = "results.json"
 
@@ -74,15 +75,6 @@ class Recipe:
         return replace_settings(self, overrides, "recipe settings")
 
 
-_BASE_MODEL = {
-    "num_encoder_layers": 6,
-    "num_decoder_layers": 6,
-    "hidden_dim": 512,
-    "num_heads": 8,
-    "intermediate_dim": 2048,
-    "dropout": 0.1,
-}
-
 RECIPES = {
     # A small model that trains on a 2-core CPU in an hour: about 2.15 s
     # per step of 2048-token batches, so about 1,650 steps (6 epochs). A
@@ -133,7 +125,7 @@ RECIPES = {
         valid_split="newstest2013",
         test_split="newstest2014",
         vocabulary_size=37000,
-        model=_BASE_MODEL,
+        model=get_config("base"),
         max_tokens=25000,
         max_steps=100_000,
         steps_per_epoch=1000,
@@ -148,13 +140,7 @@ RECIPES = {
         valid_split="newstest2013",
         test_split="newstest2014",
         vocabulary_size=37000,
-        model={
-            **_BASE_MODEL,
-            "hidden_dim": 1024,
-            "num_heads": 16,
-            "intermediate_dim": 4096,
-            "dropout": 0.3,
-        },
+        model=get_config("big"),
         max_tokens=25000,
         max_steps=300_000,
         steps_per_epoch=1000,
@@ -268,26 +254,58 @@ def run_recipe(
     Returns:
         A `RunSummary`.
     """
-    from keras_transformer import data
-    from keras_transformer.generation import Translator, evaluate_bleu
-    from keras_transformer.training import (
-        KeepLastCheckpoints,
-        LabelSmoothedCrossEntropy,
-        MaskedAccuracy,
-        Perplexity,
-        average_checkpoints,
-        fit_resumable,
-        list_checkpoints,
-        transformer_optimizer,
-    )
-    from keras_transformer.training.callbacks import (
-        BleuCallback,
-        LearningRateLogger,
-        TimeLimit,
-    )
+    from keras_transformer.training import fit_resumable
+    from keras_transformer.training.callbacks import TimeLimit
 
     if max_steps is not None:
         overrides["max_steps"] = max_steps
+    run = _start_run(
+        name, data_dir, output, distribute, model_parallel, overrides
+    )
+    tokenizer, dataset = _training_data(run, seed)
+    keras.utils.set_random_seed(seed)
+    model = _compiled_model(run, tokenizer)
+    time_limit = TimeLimit(max_minutes)
+    callbacks = _callbacks(run, tokenizer, time_limit)
+    start = time.monotonic()
+    fit_resumable(
+        model,
+        dataset,
+        total_steps=run.recipe.max_steps,
+        steps_per_epoch=run.recipe.steps_per_epoch,
+        directory=os.path.join(run.output, "state"),
+        callbacks=callbacks,
+        verbose=verbose,
+    )
+    train_minutes = (time.monotonic() - start) / 60.0
+    return _finish(
+        run,
+        model,
+        tokenizer,
+        train_minutes=train_minutes,
+        stopped_by_time_limit=time_limit.stopped,
+        evaluate=evaluate,
+        test_limit=test_limit,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """Where a `run_recipe` run reads and writes, and on what devices."""
+
+    recipe: Recipe
+    data_dir: str | None
+    output: str  # this process's run directory
+    engine: object | None  # a `keras_transformer.distribute` engine
+
+    @property
+    def checkpoints(self):
+        return os.path.join(self.output, "checkpoints")
+
+
+def _start_run(name, data_dir, output, distribute, model_parallel, overrides):
+    """The recipe with its overrides, checked before any work; the
+    distribution engine; the output directory, created."""
     recipe = get_recipe(name, **overrides)
     _check_model_arguments(recipe)
     output = output or os.path.join("runs", recipe.name)
@@ -307,11 +325,19 @@ def run_recipe(
         if not engine.is_chief:
             output = os.path.join(output, f"worker-{engine.process_index}")
     os.makedirs(output, exist_ok=True)
+    return _Run(recipe, data_dir, output, engine)
 
+
+def _training_data(run, seed):
+    """The tokenizer (trained on the training split, or the one a
+    resumed run saved) and the repeated training batches."""
+    from keras_transformer import data
+
+    recipe, engine = run.recipe, run.engine
     train_files = data.load_dataset(
-        recipe.dataset, recipe.train_split, data_dir
+        recipe.dataset, recipe.train_split, run.data_dir
     )
-    tokenizer_dir = os.path.join(output, "tokenizer")
+    tokenizer_dir = os.path.join(run.output, "tokenizer")
     if os.path.exists(tokenizer_dir):
         tokenizer = data.load_tokenizer(tokenizer_dir)
     else:
@@ -332,8 +358,20 @@ def run_recipe(
     )
     if engine is not None:
         dataset = engine.shard_dataset(dataset)
+    return tokenizer, dataset
 
-    keras.utils.set_random_seed(seed)
+
+def _compiled_model(run, tokenizer):
+    """The recipe's `Transformer`, compiled with the paper's optimizer and
+    schedule (section 5.3) and label-smoothed loss (section 5.4)."""
+    from keras_transformer.training import (
+        LabelSmoothedCrossEntropy,
+        MaskedAccuracy,
+        Perplexity,
+        transformer_optimizer,
+    )
+
+    recipe, engine = run.recipe, run.engine
     loss = LabelSmoothedCrossEntropy(recipe.label_smoothing)
     # Weights and the optimizer are made on the engine's devices.
     with engine.scope() if engine else contextlib.nullcontext():
@@ -359,23 +397,34 @@ def run_recipe(
         )
     if engine is not None:
         engine.prepare(model)
+    return model
 
-    checkpoints = os.path.join(output, "checkpoints")
-    logs = os.path.join(output, "logs")
+
+def _callbacks(run, tokenizer, time_limit):
+    """The time limit, the checkpoints to average, validation BLEU (when
+    the recipe asks for it) and the logs."""
+    from keras_transformer import data
+    from keras_transformer.training import KeepLastCheckpoints
+    from keras_transformer.training.callbacks import (
+        BleuCallback,
+        LearningRateLogger,
+    )
+
+    recipe, engine = run.recipe, run.engine
+    logs = os.path.join(run.output, "logs")
     os.makedirs(logs, exist_ok=True)
-    time_limit = TimeLimit(max_minutes)
     callbacks = [
         time_limit,
         *([engine.stop_together()] if engine else []),
         KeepLastCheckpoints(
-            checkpoints,
+            run.checkpoints,
             keep=recipe.average_last,
             save_every=recipe.checkpoint_every,
         ),
     ]
     if recipe.bleu_subset:
         valid_pairs, _ = data.load_pairs(
-            recipe.dataset, recipe.valid_split, data_dir
+            recipe.dataset, recipe.valid_split, run.data_dir
         )
         valid_pairs = valid_pairs[: recipe.bleu_subset]
         callbacks.append(
@@ -383,12 +432,12 @@ def run_recipe(
                 tokenizer,
                 [s for s, _ in valid_pairs],
                 [t for _, t in valid_pairs],
-                best_path=os.path.join(output, "best.weights.h5"),
+                best_path=os.path.join(run.output, "best.weights.h5"),
                 beam_size=1,
             )
         )
     # After the BLEU callback, so that they record val_bleu.
-    callbacks += [
+    return callbacks + [
         LearningRateLogger(),
         keras.callbacks.CSVLogger(
             os.path.join(logs, "training.csv"), append=True
@@ -396,67 +445,79 @@ def run_recipe(
         keras.callbacks.TensorBoard(os.path.join(logs, "tensorboard")),
     ]
 
-    start = time.monotonic()
-    fit_resumable(
-        model,
-        dataset,
-        total_steps=recipe.max_steps,
-        steps_per_epoch=recipe.steps_per_epoch,
-        directory=os.path.join(output, "state"),
-        callbacks=callbacks,
-        verbose=verbose,
-    )
-    train_minutes = (time.monotonic() - start) / 60.0
-    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
-    to_average = list_checkpoints(checkpoints)[-recipe.average_last :]
+def _finish(
+    run,
+    model,
+    tokenizer,
+    train_minutes,
+    stopped_by_time_limit,
+    evaluate,
+    test_limit,
+):
+    """Averages the last checkpoints (section 6.1), saves the translator,
+    evaluates it on the test set and writes ``results.json``."""
+    from keras_transformer.generation import Translator
+    from keras_transformer.training import (
+        average_checkpoints,
+        list_checkpoints,
+    )
+
+    recipe = run.recipe
+    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    to_average = list_checkpoints(run.checkpoints)[-recipe.average_last :]
     if len(to_average) > 1:
         average_checkpoints(model, to_average)
-
     translator = Translator(
         model,
         tokenizer,
         beam_size=recipe.beam_size,
         length_penalty=recipe.length_penalty,
     )
-    translator.save(output)
-
+    translator.save(run.output)
     bleu = signature = None
     if evaluate:
-        test_pairs, _ = data.load_pairs(
-            recipe.dataset, recipe.test_split, data_dir
-        )
-        if test_limit:
-            test_pairs = test_pairs[:test_limit]
-        result = evaluate_bleu(
-            translator,
-            [s for s, _ in test_pairs],
-            [t for _, t in test_pairs],
-        )
-        bleu, signature = result.score, result.signature
-        with open(os.path.join(output, "test_translations.txt"), "w") as f:
-            f.writelines(h + "\n" for h in result.hypotheses)
-
+        bleu, signature = _test_bleu(run, translator, test_limit)
     summary = RunSummary(
         recipe=recipe.name,
-        output=output,
+        output=run.output,
         steps=steps,
         train_minutes=train_minutes,
         parameters=model.count_params(),
         bleu=bleu,
         bleu_signature=signature,
-        stopped_by_time_limit=time_limit.stopped,
+        stopped_by_time_limit=stopped_by_time_limit,
     )
-    with open(os.path.join(output, RESULTS_FILE), "w") as f:
-        json.dump(
-            {
-                **dataclasses.asdict(summary),
-                "recipe_settings": dataclasses.asdict(recipe),
-                "averaged_checkpoints": [
-                    os.path.basename(p) for p in to_average
-                ],
-            },
-            f,
-            indent=2,
-        )
+    write_json(
+        os.path.join(run.output, RESULTS_FILE),
+        {
+            **dataclasses.asdict(summary),
+            "recipe_settings": dataclasses.asdict(recipe),
+            "averaged_checkpoints": [os.path.basename(p) for p in to_average],
+        },
+        sort_keys=False,
+    )
     return summary
+
+
+def _test_bleu(run, translator, test_limit):
+    """sacreBLEU of the translator on the test split (its first
+    ``test_limit`` sentences when given), and its signature; the
+    translations go to ``test_translations.txt``."""
+    from keras_transformer import data
+    from keras_transformer.generation import evaluate_bleu
+
+    recipe = run.recipe
+    test_pairs, _ = data.load_pairs(
+        recipe.dataset, recipe.test_split, run.data_dir
+    )
+    if test_limit:
+        test_pairs = test_pairs[:test_limit]
+    result = evaluate_bleu(
+        translator,
+        [s for s, _ in test_pairs],
+        [t for _, t in test_pairs],
+    )
+    with open(os.path.join(run.output, "test_translations.txt"), "w") as f:
+        f.writelines(h + "\n" for h in result.hypotheses)
+    return result.score, result.signature
