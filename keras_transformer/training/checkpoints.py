@@ -1,13 +1,13 @@
 """Checkpoint averaging (section 6.1) and resumable training."""
 
 import glob
-import json
 import math
 import os
 
 import keras
 import numpy as np
 
+from keras_transformer.io_utils import read_json, write_json
 from keras_transformer.training import _global_rng
 
 CHECKPOINT_PATTERN = "step-{step:08d}.weights.h5"
@@ -165,12 +165,7 @@ def save_training_state(model, directory, epoch):
         ],
         "global_random_state": _global_rng.get_state(),
     }
-    with open(os.path.join(directory, STATE_JSON + ".partial"), "w") as f:
-        json.dump(state, f)
-    os.replace(
-        os.path.join(directory, STATE_JSON + ".partial"),
-        os.path.join(directory, STATE_JSON),
-    )
+    write_json(os.path.join(directory, STATE_JSON), state, indent=None)
 
 
 def _random_states(model):
@@ -197,8 +192,7 @@ def restore_training_state(model, directory):
             "restore_training_state needs a compiled model: call "
             "model.compile(...) before resuming."
         )
-    with open(path) as f:
-        state = json.load(f)
+    state = read_json(path)
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     model.load_weights(os.path.join(directory, STATE_WEIGHTS))
