@@ -1,7 +1,8 @@
 """Named configurations of the Transformer.
 
-``base`` and ``big`` are the two models of Table 3 of the paper; ``tiny`` is
-small enough for unit tests and quick CPU runs.
+``base`` and ``big`` are the two models of Table 3 of the paper (the
+WMT 2014 recipes of `keras_transformer.training.RECIPES` train them);
+``tiny`` is small enough for unit tests and quick CPU runs.
 """
 
 CONFIGS = {
