@@ -11,7 +11,7 @@ results, as a training step's forward pass draws its masks. The layers
 are unseeded, as the model's are (on torch Keras then calls
 `torch.nn.functional.dropout`). Shapes are those of
 `benchmarks.training`'s batches: tiny (64 x 32 x 64) and base (16 x 32 x
-512). Compiled as decoding compiles (`compile_function`): `jax.jit` on
+512). Compiled as decoding compiles (`backends.compile_search`): `jax.jit` on
 JAX, `tf.function` with XLA on TensorFlow, eager on torch. On TensorFlow
 and torch `layers.Dropout` runs Keras's own code, so the two contestants
 should tie there.
@@ -36,9 +36,9 @@ def build(dropout_class, shape, rate=0.1):
 
 
 def compiled_step(model):
-    from keras_transformer.generation.compile import compile_function
+    from keras_transformer import backends
 
-    return compile_function(lambda x: model(x, training=True), model)
+    return backends.compile_search(lambda x: model(x, training=True), model)
 
 
 def main(argv=None):

@@ -46,17 +46,3 @@ def random_batch(rng, batch=3, source_length=9, target_length=6, vocab=53):
 
 def to_numpy(x):
     return ops.convert_to_numpy(x)
-
-
-def decoding_direct_calls():
-    """The `direct_sublayer_calls` context as decoding runs in it: on
-    torch with torch's own layer calls and ops (`torch_direct_calls`),
-    elsewhere the plain context (decoding there is compiled instead)."""
-    import keras
-
-    from keras_transformer.generation.compile import torch_direct_calls
-    from keras_transformer.layers._utils import direct_sublayer_calls
-
-    if keras.backend.backend() == "torch":
-        return torch_direct_calls()
-    return direct_sublayer_calls()

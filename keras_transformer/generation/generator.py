@@ -2,17 +2,15 @@
 cached decoder one step at a time, compiled once per bucket of shapes."""
 
 import dataclasses
+import functools
 import math
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer import backends
 from keras_transformer.generation import search
-from keras_transformer.generation.compile import (
-    compile_function,
-    tensorflow_xla_on_cpu,
-)
 
 METHODS = ("greedy", "beam", "sample")
 CACHE_LAYOUTS = ("split", "stacked")
@@ -131,8 +129,7 @@ class Generator:
         self.banned_ids = tuple(banned_ids)
         self.jit_compile = jit_compile
         if cache_layout is None:
-            torch = keras.backend.backend() == "torch"
-            cache_layout = "stacked" if torch else "split"
+            cache_layout = backends.default_cache_layout()
         _check_choice("cache_layout", cache_layout, CACHE_LAYOUTS)
         self.cache_layout = cache_layout
         self.vocabulary_size = (
@@ -142,44 +139,23 @@ class Generator:
 
     # --- the compiled search
 
-    def _fewest_sources(self, rows_per_source, use_cache):
-        """The smallest batch bucket, in sources.
-
-        Searched alone with the cache, one source with one hypothesis
-        (greedy search, one sample) makes every decoder step multiply a
-        single row by the weights. TensorFlow's XLA for the CPU fuses
-        each of those products with its bias into a vector-matrix loop
-        that it emits itself, where it hands two rows to its matrix
-        library: a base decoder step took 12.0 ms with one row and 9.4
-        ms with two on a 2-core CPU (17.0 ms and 11.6 ms on one thread).
-        There a lone source is searched with a filler row beside it (a
-        lone end token, like the batch bucket's other fillers), and
-        finds what it finds in a batch: its logits can differ in the
-        last bits from a one-row program's, as any two batch buckets'
-        can. Its sampling draws are those of a one-row bucket (see
-        `_uniform`). JAX and torch run a lone row faster alone, and
-        without the cache the decoder already multiplies a row per
-        position; on a GPU it was not measured.
-        """
-        one_row = use_cache and rows_per_source == 1
-        return 2 if one_row and tensorflow_xla_on_cpu(self.jit_compile) else 1
-
     @staticmethod
     def _uniform(seed, buffer_length, num_rows, batch_bucket, samples):
         """The uniform numbers a sampling search draws its tokens with,
         ``(buffer_length, batch_bucket * samples)``: drawn for the batch
         bucket of ``num_rows`` sources, so that filler sources added
-        beyond it (`_fewest_sources`) do not change a source's draws."""
+        beyond it (`backends.search_rows`) do not change a source's draws."""
         drawn = bucket_batch(max(num_rows, 1))
         rng = np.random.default_rng(seed)
         uniform = rng.uniform(1e-6, 1.0, (buffer_length, drawn * samples))
         filler = np.full((buffer_length, (batch_bucket - drawn) * samples), 0.5)
         return np.concatenate([uniform, filler], axis=1).astype("float32")
 
-    def _cached_step(self, sequences, index, cache, constants):
+    @staticmethod
+    def _cached_step(decode, sequences, index, cache, constants):
         # (rows, 1): the token at column `index` is the input of this step.
         ids = ops.take(sequences, ops.reshape(index, (1,)), axis=1)
-        logits, new_cache = self.model.decode(
+        logits, new_cache = decode(
             ids,
             {
                 "self_attention": cache["self_attention"],
@@ -251,7 +227,13 @@ class Generator:
                     ),
                     "encoder_padding_mask": repeat(source_mask),
                 }
-                step_fn = self._cached_step
+                # The model's decoder step, or a backend's fast path for
+                # it, chosen once per search.
+                decode = (
+                    backends.cached_decoder(model, self.cache_layout)
+                    or model.decode
+                )
+                step_fn = functools.partial(self._cached_step, decode)
             else:
                 cache = {}
                 constants = {
@@ -300,7 +282,7 @@ class Generator:
                 for name, value in outputs.items()
             }
 
-        return compile_function(run, model, jit_compile=self.jit_compile)
+        return backends.compile_search(run, model, jit_compile=self.jit_compile)
 
     # --- the public entry point
 
@@ -441,7 +423,12 @@ class Generator:
             method, num_return_sequences
         )
         batch_bucket = bucket_batch(
-            max(num_rows, self._fewest_sources(rows_per_source, use_cache))
+            max(
+                num_rows,
+                backends.search_rows(
+                    rows_per_source, use_cache, self.jit_compile
+                ),
+            )
         )
         if max_length is None:
             if max_length_offset < 1:

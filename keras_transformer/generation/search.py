@@ -41,8 +41,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.layers._utils import concrete_index
-
 NEG_INF = float("-inf")
 LENGTH_PENALTY_STYLES = ("gnmt", "hf")
 EARLY_STOPPING = (False, True, "never")
@@ -100,8 +98,6 @@ def _log_softmax(logits, banned):
 def _write_column(sequences, index, column):
     """``sequences[..., index] = column`` for a 2-D or 3-D int tensor."""
     column = ops.cast(column, sequences.dtype)
-    # A Python int on torch's eager loop: one copy, no index tensors.
-    index = concrete_index(index)
     if len(sequences.shape) == 2:
         return ops.slice_update(sequences, [0, index], column[:, None])
     return ops.slice_update(sequences, [0, 0, index], column[:, :, None])

@@ -1,15 +1,13 @@
 import keras
 
-from keras_transformer.layers._utils import (
-    apply_dropout,
-    call_layer,
+from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.utils import (
     check_positive,
     check_rate,
     clone_initializer,
 )
-from keras_transformer.layers.dropout import Dropout
-from keras_transformer.layers.feed_forward import PositionwiseFeedForward
-from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 
 
 class ResidualBlockBase(keras.layers.Layer):
@@ -96,14 +94,14 @@ class ResidualBlockBase(keras.layers.Layer):
         ``sublayer`` may return a tuple whose first element is the output;
         the rest is passed through, e.g. attention weights and caches.
         """
-        h = call_layer(norm, x) if self.normalize_first else x
+        h = norm(x) if self.normalize_first else x
         results = sublayer(h)
         extras = ()
         if isinstance(results, tuple):
             results, extras = results[0], results[1:]
-        x = x + apply_dropout(dropout, results, training)
+        x = x + dropout(results, training=training)
         if not self.normalize_first:
-            x = call_layer(norm, x)
+            x = norm(x)
         return (x,) + extras
 
     def get_config(self):

@@ -1,7 +1,6 @@
 import keras
 
 from keras_transformer.layers._residual_block import ResidualBlockBase
-from keras_transformer.layers._utils import call_layer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -100,8 +99,7 @@ class TransformerDecoderLayer(ResidualBlockBase):
         scores = {}
 
         def self_attention(h):
-            results = call_layer(
-                self.self_attention,
+            results = self.self_attention(
                 h,
                 key_padding_mask=decoder_padding_mask,
                 use_causal_mask=True,
@@ -117,8 +115,7 @@ class TransformerDecoderLayer(ResidualBlockBase):
             )
 
         def cross_attention(h):
-            results = call_layer(
-                self.cross_attention,
+            results = self.cross_attention(
                 h,
                 encoder_sequence,
                 key_padding_mask=encoder_padding_mask,
@@ -148,7 +145,7 @@ class TransformerDecoderLayer(ResidualBlockBase):
         )
         (x,) = self._residual(
             x,
-            lambda h: call_layer(self.feed_forward, h, training=training),
+            lambda h: self.feed_forward(h, training=training),
             self.feed_forward_norm,
             self.feed_forward_dropout,
             training,

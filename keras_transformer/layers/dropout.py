@@ -1,11 +1,11 @@
 import keras
 
-from keras_transformer.layers._utils import jax_on_cpu
+from keras_transformer import backends
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dropout(keras.layers.Dropout):
-    """`keras.layers.Dropout` whose masks are drawn faster on a JAX CPU.
+    """`keras.layers.Dropout`, whose masks are drawn faster on a JAX CPU.
 
     The same layer (arguments, seed generator, config, saved variables)
     and the same arithmetic: in training, each element is kept with
@@ -16,13 +16,14 @@ class Dropout(keras.layers.Dropout):
     `keras.distribution`, this layer takes threefry bits of its own from
     XLA (`lax.rng_bit_generator`), which XLA's CPU compiler vectorizes:
     `python -m benchmarks.dropout` draws the 32 masks of a training step
-    4x to 5x faster (README, "Speed"). The mask stream is not
+    faster (`docs/performance.md`). The mask stream is not
     `keras.layers.Dropout`'s for the same seed, and may change with the
     XLA version (a test pins it); it is a function of the layer's seed
     generator, whose state training checkpoints keep. Elsewhere (other
     backends, JAX on an accelerator, and sharded JAX, where XLA would
     draw the whole batch's mask on every device) the layer runs
-    `keras.layers.Dropout`'s code.
+    `keras.layers.Dropout`'s code, and so does every backend with the
+    ``jax_dropout`` fast path switched off (`keras_transformer.backends`).
 
     Args:
         rate: the fraction of elements dropped, P_drop, in ``[0, 1]``.
@@ -51,10 +52,9 @@ class Dropout(keras.layers.Dropout):
                 f"the input, of shape {tuple(inputs.shape)}; use None for an "
                 f"axis whose mask varies and 1 for one it is shared along."
             )
-        if not jax_on_cpu() or keras.distribution.distribution() is not None:
+        dropout = backends.dropout_function()
+        if dropout is None:
             return super().call(inputs, training=training)
-        from keras_transformer import _jax_dropout
-
-        return _jax_dropout.dropout(
+        return dropout(
             inputs, self.rate, noise_shape, self.seed_generator.next()
         )

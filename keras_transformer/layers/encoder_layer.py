@@ -1,7 +1,6 @@
 import keras
 
 from keras_transformer.layers._residual_block import ResidualBlockBase
-from keras_transformer.layers._utils import call_layer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -59,8 +58,7 @@ class TransformerEncoderLayer(ResidualBlockBase):
     ):
         x, *scores = self._residual(
             inputs,
-            lambda h: call_layer(
-                self.self_attention,
+            lambda h: self.self_attention(
                 h,
                 key_padding_mask=padding_mask,
                 return_attention_scores=return_attention_scores,
@@ -72,7 +70,7 @@ class TransformerEncoderLayer(ResidualBlockBase):
         )
         (x,) = self._residual(
             x,
-            lambda h: call_layer(self.feed_forward, h, training=training),
+            lambda h: self.feed_forward(h, training=training),
             self.feed_forward_norm,
             self.feed_forward_dropout,
             training,

@@ -1,13 +1,11 @@
 import keras
 
-from keras_transformer.layers._utils import (
-    apply_dropout,
-    call_layer,
+from keras_transformer.layers.dropout import Dropout
+from keras_transformer.utils import (
     check_positive,
     check_rate,
     clone_initializer,
 )
-from keras_transformer.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -91,9 +89,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        x = call_layer(self.intermediate_dense, inputs)
-        x = apply_dropout(self.intermediate_dropout, x, training)
-        return call_layer(self.output_dense, x)
+        x = self.intermediate_dense(inputs)
+        x = self.intermediate_dropout(x, training=training)
+        return self.output_dense(x)
 
     def compute_output_shape(self, input_shape):
         return input_shape

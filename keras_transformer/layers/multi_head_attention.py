@@ -3,19 +3,13 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers._utils import (
-    apply_dropout,
-    backend_op,
-    backend_override,
-    call_layer,
+from keras_transformer import backends
+from keras_transformer.layers.dropout import Dropout
+from keras_transformer.utils import (
     check_positive,
     check_rate,
     clone_initializer,
-    concrete_index,
-    mask_for_fused_attention,
-    memoized,
 )
-from keras_transformer.layers.dropout import Dropout
 
 # Added to the logits of masked keys. Large enough that exp() underflows to
 # exactly 0 in float32, small enough to stay finite after scaling.
@@ -65,8 +59,7 @@ class MultiHeadAttention(keras.layers.Layer):
     the last axis of the query, so the layer takes only ``num_heads``.
 
     The attention itself runs through `keras.ops.dot_product_attention`, so
-    each backend's fused kernel is used where it exists (in torch's eager
-    decoding, torch's own, see `generation.compile`). When attention
+    each backend's fused kernel is used where it exists. When attention
     weights are requested, or attention dropout is active in training, the
     layer computes them explicitly (softmax in float32) instead.
 
@@ -187,6 +180,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.attention_dropout = Dropout(
             self.dropout, dtype=self.dtype_policy, name="attention_dropout"
         )
+        # cuDNN's fused attention on JAX's GPU takes only masks as long
+        # as the queries (see `backends.broadcast_attention_masks`).
+        self._broadcast_masks = backends.broadcast_attention_masks()
         self.built = True
 
     def compute_key_value_cache(self, value, key=None, *, stacked=True):
@@ -197,8 +193,8 @@ class MultiHeadAttention(keras.layers.Layer):
         num_heads, key_length, head_dim)`` tensors.
         """
         key = value if key is None else key
-        keys = call_layer(self.key_dense, key)
-        values = call_layer(self.value_dense, value)
+        keys = self.key_dense(key)
+        values = self.value_dense(value)
         if stacked:
             return ops.stack([keys, values], 1)
         return (_heads_first(keys), _heads_first(values))
@@ -219,50 +215,11 @@ class MultiHeadAttention(keras.layers.Layer):
         value = query if value is None else value
         key = value if key is None else key
         # (batch, query_length, num_heads, head_dim)
-        q = call_layer(self.query_dense, query)
+        q = self.query_dense(query)
+        k, v, cache = self._keys_and_values(
+            key, value, cache, cache_update_index
+        )
         split = isinstance(cache, (tuple, list))
-        if split:
-            self._check_split_cache(cache)
-        if split and cache_update_index is not None:
-            # Self-attention step, split cache: write this step's keys
-            # and values, heads first.
-            start = [0, 0, cache_update_index, 0]
-            keys = ops.slice_update(
-                cache[0], start, _heads_first(call_layer(self.key_dense, key))
-            )
-            values = ops.slice_update(
-                cache[1],
-                start,
-                _heads_first(call_layer(self.value_dense, value)),
-            )
-            cache = k, v = keys, values
-        elif split:
-            # Cross-attention: keys and values were computed once.
-            k, v = cache
-        elif cache is not None and cache_update_index is not None:
-            # Self-attention step: write this step's keys and values.
-            k = call_layer(self.key_dense, key)
-            v = call_layer(self.value_dense, value)
-            write_in_place = backend_override("write_cache_in_place")
-            if write_in_place is not None:
-                write_in_place(cache, cache_update_index, k, v)
-            else:
-                # One update of the whole cache (one copy on eager
-                # backends, not one per half plus a stack).
-                # (batch, 2, steps, num_heads, head_dim)
-                update = ops.stack([k, v], axis=1)
-                start = [0, 0, cache_update_index, 0, 0]
-                cache = ops.slice_update(cache, start, update)
-            k, v = cache[:, 0], cache[:, 1]
-        elif cache is not None:
-            # Cross-attention: keys and values were computed once.
-            k, v = cache[:, 0], cache[:, 1]
-        else:
-            k, v = (
-                call_layer(self.key_dense, key),
-                call_layer(self.value_dense, value),
-            )
-
         # Split caches hold the keys heads first.
         key_length = ops.shape(k)[2] if split else ops.shape(k)[1]
         mask = attention_mask_of_call(
@@ -274,24 +231,20 @@ class MultiHeadAttention(keras.layers.Layer):
             cache_update_index,
         )
         explicit = return_attention_scores or (self.dropout > 0 and training)
-        one_query = split and q.shape[1] == 1 and not explicit
-        if split and not one_query:
-            # The general path below takes keys and values length first.
-            k, v = _heads_first(k), _heads_first(v)
-        if one_query:
+        scores = None
+        if split and q.shape[1] == 1 and not explicit:
             output = self._one_query_attention(q, k, v, mask)
-            scores = None
-        elif explicit:
-            output, scores = self._explicit_attention(q, k, v, mask, training)
         else:
-            mask = mask_for_fused_attention(
-                mask, ops.shape(q)[1], ops.shape(k)[1]
-            )
-            output = backend_op("dot_product_attention")(
-                q, k, v, mask=mask, scale=1.0 / math.sqrt(self.head_dim)
-            )
-            scores = None
-        output = call_layer(self.output_dense, output)
+            if split:
+                # The general path takes keys and values length first.
+                k, v = _heads_first(k), _heads_first(v)
+            if explicit:
+                output, scores = self._explicit_attention(
+                    q, k, v, mask, training
+                )
+            else:
+                output = self._fused_attention(q, k, v, mask)
+        output = self.output_dense(output)
 
         results = (output,)
         if return_attention_scores:
@@ -299,6 +252,48 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
+
+    def _keys_and_values(self, key, value, cache, cache_update_index):
+        """The keys and values to attend to, and the cache with this
+        step's written in (section 3.2.3's decoder, one step at a time).
+        Keys and values are ``(batch, length, heads, head_dim)``, or
+        heads first with a split cache."""
+        if cache is None:
+            return self.key_dense(key), self.value_dense(value), None
+        if isinstance(cache, (tuple, list)):
+            self._check_split_cache(cache)
+            if cache_update_index is None:
+                # Cross-attention: keys and values were computed once.
+                return cache[0], cache[1], cache
+            start = [0, 0, cache_update_index, 0]
+            keys = ops.slice_update(
+                cache[0], start, _heads_first(self.key_dense(key))
+            )
+            values = ops.slice_update(
+                cache[1], start, _heads_first(self.value_dense(value))
+            )
+            return keys, values, (keys, values)
+        if cache_update_index is not None:
+            # One update of the whole stacked cache (one copy on eager
+            # backends, not one per half plus a stack).
+            # (batch, 2, steps, num_heads, head_dim)
+            update = ops.stack(
+                [self.key_dense(key), self.value_dense(value)], axis=1
+            )
+            start = [0, 0, cache_update_index, 0, 0]
+            cache = ops.slice_update(cache, start, update)
+        return cache[:, 0], cache[:, 1], cache
+
+    def _fused_attention(self, q, k, v, mask):
+        """`keras.ops.dot_product_attention`: each backend's fused kernel
+        where it has one."""
+        if mask is not None and self._broadcast_masks:
+            mask = ops.broadcast_to(
+                mask, (ops.shape(mask)[0], 1, ops.shape(q)[1], ops.shape(k)[1])
+            )
+        return ops.dot_product_attention(
+            q, k, v, mask=mask, scale=1.0 / math.sqrt(self.head_dim)
+        )
 
     def _check_split_cache(self, cache):
         shapes = [tuple(part.shape) for part in cache]
@@ -342,7 +337,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if mask is not None:
             logits = ops.where(mask, logits, _MASK_LOGIT)
         scores = ops.softmax(logits, axis=-1)
-        weights = apply_dropout(self.attention_dropout, scores, training)
+        weights = self.attention_dropout(scores, training=training)
         weights = ops.cast(weights, self.compute_dtype)
         # (batch, query_length, num_heads, head_dim)
         output = ops.einsum("bnts,bsnh->btnh", weights, v)
@@ -381,34 +376,7 @@ def attention_mask_of_call(
     cache_update_index=None,
 ):
     """The boolean ``(batch or 1, 1, query, key)`` mask of an attention
-    call with these arguments, or None.
-
-    Inside `direct_sublayer_calls` (torch's decoding), the layers of a
-    step given the same masks share the merged one.
-    """
-    arguments = (
-        query_length,
-        key_length,
-        key_padding_mask,
-        attention_mask,
-        bool(use_causal_mask),
-        concrete_index(cache_update_index),
-    )
-    return memoized(
-        "attention_mask", arguments, lambda: _merged_mask(*arguments)
-    )
-
-
-def _merged_mask(
-    query_length,
-    key_length,
-    key_padding_mask,
-    attention_mask,
-    use_causal_mask,
-    cache_update_index,
-):
-    """The boolean ``(batch or 1, 1, query, key)`` mask of an attention
-    call, or None."""
+    call with these arguments, or None."""
     mask = None
 
     def merge(mask, new):

@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from keras_transformer.layers._utils import check_positive
+from keras_transformer.utils import check_positive
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

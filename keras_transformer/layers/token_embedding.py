@@ -3,7 +3,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers._utils import check_positive
+from keras_transformer.utils import check_positive
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -83,13 +83,7 @@ class TokenEmbedding(keras.layers.Layer):
     def _project(self, inputs):
         kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
         leading = tuple(inputs.shape[:-1])
-        if (
-            len(leading) < 2
-            or not all(isinstance(n, int) for n in leading)
-            # Torch's matmul flattens itself; its eager decoding steps
-            # would only pay for two more op calls.
-            or keras.backend.backend() == "torch"
-        ):
+        if len(leading) < 2 or not all(isinstance(n, int) for n in leading):
             return ops.matmul(inputs, kernel)
         # One (rows, hidden_dim) matrix product: for the gradient of the
         # matrix, XLA then contracts the logits' gradient over its rows

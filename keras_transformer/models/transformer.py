@@ -7,17 +7,10 @@ from keras_transformer.layers import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,
 )
-from keras_transformer.layers._utils import (
-    apply_dropout,
-    backend_override,
-    call_layer,
-    check_positive,
-    check_rate,
-    concrete_index,
-)
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.output_bias import OutputBias
 from keras_transformer.models.configs import get_config as get_named_config
+from keras_transformer.utils import check_positive, check_rate
 
 INPUT_NAMES = (
     "encoder_token_ids",
@@ -116,132 +109,31 @@ class Transformer(keras.Model):
         dtype=None,
         **kwargs,
     ):
-        check_positive("vocabulary_size", vocabulary_size)
-        check_positive("num_encoder_layers", num_encoder_layers)
-        check_positive("num_decoder_layers", num_decoder_layers)
-        check_positive("hidden_dim", hidden_dim)
-        check_positive("num_heads", num_heads)
-        check_positive("max_sequence_length", max_sequence_length)
-        check_rate("dropout", dropout)
-        if hidden_dim % num_heads:
-            raise ValueError(
-                f"num_heads={num_heads} must divide hidden_dim={hidden_dim} "
-                "(d_k = d_model / h). Choose a hidden_dim that is a multiple "
-                "of num_heads."
-            )
-        if hidden_dim % 2:
-            raise ValueError(
-                f"hidden_dim={hidden_dim} must be even for sinusoidal "
-                "position encodings (one sine and one cosine per "
-                "frequency). Use an even hidden_dim."
-            )
-        if target_vocabulary_size is not None:
-            check_positive("target_vocabulary_size", target_vocabulary_size)
-        separate_vocabularies = target_vocabulary_size not in (
-            None,
-            vocabulary_size,
-        )
-        shared = share_embeddings and not separate_vocabularies
-        layer_kwargs = {
+        settings = {
+            "vocabulary_size": vocabulary_size,
+            "num_encoder_layers": num_encoder_layers,
+            "num_decoder_layers": num_decoder_layers,
+            "hidden_dim": hidden_dim,
             "num_heads": num_heads,
             "intermediate_dim": intermediate_dim,
             "dropout": dropout,
+            "max_sequence_length": max_sequence_length,
             "attention_dropout": attention_dropout,
             "activation_dropout": activation_dropout,
             "activation": activation,
             "normalize_first": normalize_first,
             "layer_norm_epsilon": layer_norm_epsilon,
-            "dtype": dtype,
+            "target_vocabulary_size": target_vocabulary_size,
+            "share_embeddings": share_embeddings,
+            "tie_output_embeddings": tie_output_embeddings,
+            "scale_embeddings": scale_embeddings,
+            "position_encoding_layout": position_encoding_layout,
+            "use_output_bias": use_output_bias,
         }
+        _check_settings(settings)
 
         # === Layers ===
-        layers = {}
-
-        def embedding(size, name):
-            return TokenEmbedding(
-                size,
-                hidden_dim,
-                scale=scale_embeddings,
-                dtype=dtype,
-                name=name,
-            )
-
-        if shared:
-            layers["encoder_token_embedding"] = embedding(
-                vocabulary_size, "token_embedding"
-            )
-            layers["decoder_token_embedding"] = layers[
-                "encoder_token_embedding"
-            ]
-        else:
-            layers["encoder_token_embedding"] = embedding(
-                vocabulary_size, "encoder_token_embedding"
-            )
-            layers["decoder_token_embedding"] = embedding(
-                target_vocabulary_size or vocabulary_size,
-                "decoder_token_embedding",
-            )
-
-        def position_encoding(name):
-            return SinusoidalPositionEncoding(
-                max_sequence_length,
-                layout=position_encoding_layout,
-                dtype=dtype,
-                name=name,
-            )
-
-        layers["encoder_position_encoding"] = position_encoding(
-            "encoder_position_encoding"
-        )
-        layers["decoder_position_encoding"] = position_encoding(
-            "decoder_position_encoding"
-        )
-        layers["encoder_embedding_dropout"] = Dropout(
-            dropout, dtype=dtype, name="encoder_embedding_dropout"
-        )
-        layers["decoder_embedding_dropout"] = Dropout(
-            dropout, dtype=dtype, name="decoder_embedding_dropout"
-        )
-        layers["encoder_layers"] = [
-            TransformerEncoderLayer(**layer_kwargs, name=f"encoder_layer_{i}")
-            for i in range(num_encoder_layers)
-        ]
-        layers["decoder_layers"] = [
-            TransformerDecoderLayer(**layer_kwargs, name=f"decoder_layer_{i}")
-            for i in range(num_decoder_layers)
-        ]
-        layers["encoder_final_norm"] = layers["decoder_final_norm"] = None
-        if normalize_first:
-            layers["encoder_final_norm"] = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon,
-                dtype=dtype,
-                name="encoder_final_norm",
-            )
-            layers["decoder_final_norm"] = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon,
-                dtype=dtype,
-                name="decoder_final_norm",
-            )
-        layers["output_projection"] = None
-        if not tie_output_embeddings:
-            layers["output_projection"] = keras.layers.Dense(
-                target_vocabulary_size or vocabulary_size,
-                dtype=dtype,
-                name="output_projection",
-            )
-        layers["output_bias"] = None
-        if use_output_bias and tie_output_embeddings:
-            layers["output_bias"] = OutputBias(
-                target_vocabulary_size or vocabulary_size,
-                dtype=dtype,
-                name="output_bias",
-            )
-        # Logits leave the model in float32 under mixed precision, so that
-        # the softmax of the loss is computed in full precision.
-        layers["logits_cast"] = keras.layers.Activation(
-            "linear", dtype="float32", name="logits"
-        )
-
+        layers = _make_layers(settings, dtype)
         # The layers are attributes for the decoding entry points; the
         # functional graph tracks their weights. They are set before
         # `Model.__init__`, which torch's module bookkeeping forbids through
@@ -263,7 +155,7 @@ class Transformer(keras.Model):
             encoder_output,
             inputs["encoder_padding_mask"],
         )
-        logits = self._logits(decoder_output)
+        logits = self.project(decoder_output)
         super().__init__(inputs=inputs, outputs=logits, dtype=dtype, **kwargs)
         if dtype is not None:
             # A functional model's `__init__` drops `dtype`: without this
@@ -272,38 +164,19 @@ class Transformer(keras.Model):
             self.dtype_policy = dtype
 
         # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.num_encoder_layers = num_encoder_layers
-        self.num_decoder_layers = num_decoder_layers
-        self.hidden_dim = hidden_dim
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
-        self.max_sequence_length = max_sequence_length
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        self.activation = activation
-        self.normalize_first = normalize_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.target_vocabulary_size = target_vocabulary_size
-        self.share_embeddings = share_embeddings
-        self.tie_output_embeddings = tie_output_embeddings
-        self.scale_embeddings = scale_embeddings
-        self.position_encoding_layout = position_encoding_layout
-        self.use_output_bias = use_output_bias
+        for name, value in settings.items():
+            setattr(self, name, value)
 
     # --- the three stages, shared by the graph and the decoding entry points
 
     def _encode(self, token_ids, padding_mask, training=None):
-        x = call_layer(self.encoder_token_embedding, token_ids)
-        x = x + call_layer(self.encoder_position_encoding, x)
-        x = apply_dropout(self.encoder_embedding_dropout, x, training)
+        x = self.encoder_token_embedding(token_ids)
+        x = x + self.encoder_position_encoding(x)
+        x = self.encoder_embedding_dropout(x, training=training)
         for layer in self.encoder_layers:
-            x = call_layer(
-                layer, x, padding_mask=padding_mask, training=training
-            )
+            x = layer(x, padding_mask=padding_mask, training=training)
         if self.encoder_final_norm is not None:
-            x = call_layer(self.encoder_final_norm, x)
+            x = self.encoder_final_norm(x)
         return x
 
     def _decode(
@@ -316,16 +189,14 @@ class Transformer(keras.Model):
         cache_update_index=None,
         training=None,
     ):
-        cache_update_index = concrete_index(cache_update_index)
-        x = call_layer(self.decoder_token_embedding, token_ids)
+        x = self.decoder_token_embedding(token_ids)
         start = 0 if cache_update_index is None else cache_update_index
-        x = x + call_layer(self.decoder_position_encoding, x, start_index=start)
-        x = apply_dropout(self.decoder_embedding_dropout, x, training)
-        new_self_cache, written_in_place = [], []
+        x = x + self.decoder_position_encoding(x, start_index=start)
+        x = self.decoder_embedding_dropout(x, training=training)
+        new_self_cache = []
         for i, layer in enumerate(self.decoder_layers):
             if cache is None:
-                x = call_layer(
-                    layer,
+                x = layer(
                     x,
                     encoder_output,
                     decoder_padding_mask=padding_mask,
@@ -333,13 +204,13 @@ class Transformer(keras.Model):
                     training=training,
                 )
             else:
-                view = _layer_cache(cache["self_attention"], i)
-                x, layer_cache = call_layer(
-                    layer,
+                x, layer_cache = layer(
                     x,
                     decoder_padding_mask=padding_mask,
                     encoder_padding_mask=encoder_padding_mask,
-                    self_attention_cache=view,
+                    self_attention_cache=_layer_cache(
+                        cache["self_attention"], i
+                    ),
                     self_attention_cache_update_index=cache_update_index,
                     cross_attention_cache=_layer_cache(
                         cache["cross_attention"], i
@@ -347,30 +218,26 @@ class Transformer(keras.Model):
                     training=training,
                 )
                 new_self_cache.append(layer_cache)
-                written_in_place.append(layer_cache is view)
         if self.decoder_final_norm is not None:
-            x = call_layer(self.decoder_final_norm, x)
+            x = self.decoder_final_norm(x)
         if cache is None:
             return x
-        if backend_override("write_cache_in_place") and all(written_in_place):
-            # Every layer wrote into its view of the cache and returned it.
-            return x, cache
         if isinstance(cache["self_attention"], (tuple, list)):
             new_self_cache = tuple(tuple(pair) for pair in new_self_cache)
             return x, dict(cache, self_attention=new_self_cache)
         cache = dict(cache, self_attention=ops.stack(new_self_cache, axis=1))
         return x, cache
 
-    def _logits(self, decoder_output):
+    def project(self, decoder_output):
+        """The float32 next-token logits of decoder outputs, ``(batch,
+        length, vocabulary_size)``: the pre-softmax projection (3.4)."""
         if self.output_projection is None:
-            logits = call_layer(
-                self.decoder_token_embedding, decoder_output, reverse=True
-            )
+            logits = self.decoder_token_embedding(decoder_output, reverse=True)
         else:
-            logits = call_layer(self.output_projection, decoder_output)
+            logits = self.output_projection(decoder_output)
         if self.output_bias is not None:
-            logits = call_layer(self.output_bias, logits)
-        return call_layer(self.logits_cast, logits)
+            logits = self.output_bias(logits)
+        return self.logits_cast(logits)
 
     # --- input checks
 
@@ -511,9 +378,6 @@ class Transformer(keras.Model):
         Returns:
             ``(logits, cache)``: float32 logits ``(batch, steps,
             vocabulary_size)`` and the cache with this step written in.
-            A new cache, except inside the eager decoding of torch
-            (`generation.compile.torch_direct_calls`), which writes the
-            step into a stacked ``cache`` itself and returns it.
         """
         x, cache = self._decode(
             decoder_token_ids,
@@ -524,7 +388,7 @@ class Transformer(keras.Model):
             cache_update_index=cache_update_index,
             training=False,
         )
-        return self._logits(x), cache
+        return self.project(x), cache
 
     def decode_without_cache(
         self,
@@ -561,7 +425,7 @@ class Transformer(keras.Model):
         )
         if position is not None:
             x = ops.take(x, ops.reshape(position, (1,)), axis=1)
-        return self._logits(x)
+        return self.project(x)
 
     # --- attention weights
 
@@ -631,19 +495,7 @@ class Transformer(keras.Model):
             weights["cross_attention"].append(scores["cross_attention"])
         if self.decoder_final_norm is not None:
             y = self.decoder_final_norm(y)
-        return self._logits(y), weights
-
-    # --- training
-
-    def make_train_function(self, force=False):
-        # On JAX's CPU, XLA compiles the step with an analysis that spares
-        # it a copy of every variable each step (see `_jax_compile`).
-        if keras.backend.backend() != "jax":
-            return super().make_train_function(force)
-        from keras_transformer import _jax_compile
-
-        with _jax_compile.train_step_options():
-            return super().make_train_function(force)
+        return self.project(y), weights
 
     # --- configuration
 
@@ -661,25 +513,7 @@ class Transformer(keras.Model):
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
-            "vocabulary_size": self.vocabulary_size,
-            "num_encoder_layers": self.num_encoder_layers,
-            "num_decoder_layers": self.num_decoder_layers,
-            "hidden_dim": self.hidden_dim,
-            "num_heads": self.num_heads,
-            "intermediate_dim": self.intermediate_dim,
-            "dropout": self.dropout,
-            "max_sequence_length": self.max_sequence_length,
-            "attention_dropout": self.attention_dropout,
-            "activation_dropout": self.activation_dropout,
-            "activation": self.activation,
-            "normalize_first": self.normalize_first,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "target_vocabulary_size": self.target_vocabulary_size,
-            "share_embeddings": self.share_embeddings,
-            "tie_output_embeddings": self.tie_output_embeddings,
-            "scale_embeddings": self.scale_embeddings,
-            "position_encoding_layout": self.position_encoding_layout,
-            "use_output_bias": self.use_output_bias,
+            **{name: getattr(self, name) for name in _SETTINGS},
         }
 
     @classmethod
@@ -695,3 +529,160 @@ def _layer_cache(cache, index):
     if isinstance(cache, (tuple, list)):
         return tuple(cache[index])
     return cache[:, index]
+
+
+# The constructor's arguments that `get_config` saves, besides name,
+# trainable and dtype.
+_SETTINGS = (
+    "vocabulary_size",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "hidden_dim",
+    "num_heads",
+    "intermediate_dim",
+    "dropout",
+    "max_sequence_length",
+    "attention_dropout",
+    "activation_dropout",
+    "activation",
+    "normalize_first",
+    "layer_norm_epsilon",
+    "target_vocabulary_size",
+    "share_embeddings",
+    "tie_output_embeddings",
+    "scale_embeddings",
+    "position_encoding_layout",
+    "use_output_bias",
+)
+
+
+def _check_settings(s):
+    """Raises ValueError naming the first setting a `Transformer` cannot
+    be built with."""
+    for name in (
+        "vocabulary_size",
+        "num_encoder_layers",
+        "num_decoder_layers",
+        "hidden_dim",
+        "num_heads",
+        "max_sequence_length",
+    ):
+        check_positive(name, s[name])
+    check_rate("dropout", s["dropout"])
+    if s["hidden_dim"] % s["num_heads"]:
+        raise ValueError(
+            f"num_heads={s['num_heads']} must divide "
+            f"hidden_dim={s['hidden_dim']} (d_k = d_model / h). Choose a "
+            "hidden_dim that is a multiple of num_heads."
+        )
+    if s["hidden_dim"] % 2:
+        raise ValueError(
+            f"hidden_dim={s['hidden_dim']} must be even for sinusoidal "
+            "position encodings (one sine and one cosine per "
+            "frequency). Use an even hidden_dim."
+        )
+    if s["target_vocabulary_size"] is not None:
+        check_positive("target_vocabulary_size", s["target_vocabulary_size"])
+
+
+def _make_layers(s, dtype):
+    """Every layer of a `Transformer` with settings ``s``, by attribute
+    name, created in a fixed order (unseeded layers draw their seeds in
+    it): embeddings and positions (3.4, 3.5), the two stacks (3.1), then
+    the output layers."""
+    sides = ("encoder", "decoder")
+    layers = _embedding_layers(s, dtype)
+    for side in sides:
+        layers[f"{side}_position_encoding"] = SinusoidalPositionEncoding(
+            s["max_sequence_length"],
+            layout=s["position_encoding_layout"],
+            dtype=dtype,
+            name=f"{side}_position_encoding",
+        )
+    for side in sides:
+        layers[f"{side}_embedding_dropout"] = Dropout(
+            s["dropout"], dtype=dtype, name=f"{side}_embedding_dropout"
+        )
+    layer_kwargs = {
+        name: s[name]
+        for name in (
+            "num_heads",
+            "intermediate_dim",
+            "dropout",
+            "attention_dropout",
+            "activation_dropout",
+            "activation",
+            "normalize_first",
+            "layer_norm_epsilon",
+        )
+    }
+    for side, layer_class in zip(
+        sides, (TransformerEncoderLayer, TransformerDecoderLayer), strict=True
+    ):
+        layers[f"{side}_layers"] = [
+            layer_class(**layer_kwargs, dtype=dtype, name=f"{side}_layer_{i}")
+            for i in range(s[f"num_{side}_layers"])
+        ]
+    for side in sides:
+        # Pre-norm stacks end with a norm of their own.
+        layers[f"{side}_final_norm"] = None
+        if s["normalize_first"]:
+            layers[f"{side}_final_norm"] = keras.layers.LayerNormalization(
+                epsilon=s["layer_norm_epsilon"],
+                dtype=dtype,
+                name=f"{side}_final_norm",
+            )
+    layers.update(_output_layers(s, dtype))
+    return layers
+
+
+def _embedding_layers(s, dtype):
+    """The token embeddings: one matrix for source and target (3.4)
+    unless the vocabularies differ or sharing is off."""
+    target_size = s["target_vocabulary_size"]
+    separate = target_size not in (None, s["vocabulary_size"])
+
+    def embedding(size, name):
+        return TokenEmbedding(
+            size,
+            s["hidden_dim"],
+            scale=s["scale_embeddings"],
+            dtype=dtype,
+            name=name,
+        )
+
+    if s["share_embeddings"] and not separate:
+        shared = embedding(s["vocabulary_size"], "token_embedding")
+        return {
+            "encoder_token_embedding": shared,
+            "decoder_token_embedding": shared,
+        }
+    return {
+        "encoder_token_embedding": embedding(
+            s["vocabulary_size"], "encoder_token_embedding"
+        ),
+        "decoder_token_embedding": embedding(
+            target_size or s["vocabulary_size"], "decoder_token_embedding"
+        ),
+    }
+
+
+def _output_layers(s, dtype):
+    """The pre-softmax projection (tied to the target embedding by
+    default, 3.4), an optional logits bias, and the float32 cast."""
+    target_size = s["target_vocabulary_size"] or s["vocabulary_size"]
+    layers = {"output_projection": None, "output_bias": None}
+    if not s["tie_output_embeddings"]:
+        layers["output_projection"] = keras.layers.Dense(
+            target_size, dtype=dtype, name="output_projection"
+        )
+    elif s["use_output_bias"]:
+        layers["output_bias"] = OutputBias(
+            target_size, dtype=dtype, name="output_bias"
+        )
+    # Logits leave the model in float32 under mixed precision, so that
+    # the softmax of the loss is computed in full precision.
+    layers["logits_cast"] = keras.layers.Activation(
+        "linear", dtype="float32", name="logits"
+    )
+    return layers

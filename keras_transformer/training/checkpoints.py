@@ -7,8 +7,8 @@ import os
 import keras
 import numpy as np
 
+from keras_transformer import backends
 from keras_transformer.io_utils import read_json, write_json
-from keras_transformer.training import _global_rng
 
 CHECKPOINT_PATTERN = "step-{step:08d}.weights.h5"
 STATE_WEIGHTS = "training_state.weights.h5"
@@ -139,7 +139,7 @@ class ResumableCheckpoint(keras.callbacks.Callback):
         # Restored just before the first step, not before `fit`: fit's own
         # set-up and first call draw from the global generator.
         if self.global_random_state is not None:
-            _global_rng.set_state(self.global_random_state)
+            backends.set_global_rng_state(self.global_random_state)
             self.global_random_state = None
 
     def on_epoch_end(self, epoch, logs=None):
@@ -163,7 +163,7 @@ def save_training_state(model, directory, epoch):
             keras.ops.convert_to_numpy(v).tolist()
             for v in _random_states(model)
         ],
-        "global_random_state": _global_rng.get_state(),
+        "global_random_state": backends.global_rng_state(),
     }
     write_json(os.path.join(directory, STATE_JSON), state, indent=None)
 

@@ -1,6 +1,8 @@
 import keras
 from keras import ops
 
+from keras_transformer import backends
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
@@ -91,47 +93,13 @@ def _smoothed_cross_entropy(labels, logits, eps):
 
     With ``lse = logsumexp(z)`` and ``-log p(k) = lse - z_k`` the loss is
     ``lse - (1 - eps) * z_y - eps * mean_k(z_k)``: no log-softmax over
-    the vocabulary is kept for the backward pass. Each backend takes its
-    fastest exact form (measured in `benchmarks.training`): torch's fused
-    ``cross_entropy(label_smoothing=...)``, TensorFlow's fused
-    ``softmax_cross_entropy_with_logits`` on the smoothed targets, and
-    the formula above elsewhere (XLA fuses it on JAX).
+    the vocabulary is kept for the backward pass. XLA fuses it on JAX;
+    on torch and TensorFlow the ``fused_loss`` fast path computes it with
+    the backend's fused kernel (`keras_transformer.backends.losses`).
     """
-    backend = keras.backend.backend()
-    if backend == "torch":
-        import torch.nn.functional as F
-
-        vocabulary = logits.shape[-1]
-        loss = F.cross_entropy(
-            logits.reshape(-1, vocabulary),
-            labels.reshape(-1).long(),
-            reduction="none",
-            label_smoothing=eps,
-        )
-        return loss.reshape(labels.shape)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        vocabulary = tf.shape(logits)[-1]
-        # A label outside the vocabulary would make a one-hot row of
-        # zeros (a wrong loss, no error); torch raises, JAX gives NaN
-        # (below). XLA drops the check, as it drops every assertion.
-        tf.debugging.assert_less(
-            labels,
-            vocabulary,
-            message="LabelSmoothedCrossEntropy: labels must be below the "
-            "vocabulary size (the last axis of the logits); check that the "
-            "labels and the model's vocabulary_size match",
-        )
-        tf.debugging.assert_non_negative(
-            labels,
-            message="LabelSmoothedCrossEntropy: labels must not be negative",
-        )
-        off = eps / tf.cast(vocabulary, "float32")
-        targets = tf.one_hot(
-            labels, vocabulary, on_value=1.0 - eps + off, off_value=off
-        )
-        return tf.nn.softmax_cross_entropy_with_logits(targets, logits)
+    fused = backends.smoothed_cross_entropy_function()
+    if fused is not None:
+        return fused(labels, logits, eps)
     lse = ops.logsumexp(logits, axis=-1)
     reference = ops.squeeze(
         ops.take_along_axis(logits, labels[..., None], axis=-1), -1

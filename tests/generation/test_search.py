@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from keras import ops
 
+from keras_transformer import backends
 from keras_transformer.generation import search
-from keras_transformer.generation.compile import compile_function
 
 PAD, UNK, START, END = 0, 1, 2, 3
 
@@ -64,7 +64,7 @@ def run_search(tables, limits, method, alpha=0.0, beam_size=4, n=1):
                 **common,
             )
 
-        _FUNCTIONS[key] = compile_function(fn, None)
+        _FUNCTIONS[key] = backends.compile_search(fn, None)
     outputs = _FUNCTIONS[key](
         ops.convert_to_tensor(tables),
         ops.convert_to_tensor(limits),

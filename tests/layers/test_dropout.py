@@ -8,12 +8,18 @@ from hypothesis import strategies as st
 from keras import ops
 
 import keras_transformer as kt
-from keras_transformer import layers
-from keras_transformer.layers._utils import jax_on_cpu
-from keras_transformer.training import _global_rng
+from keras_transformer import backends, layers
 from tests.helpers import random_batch, tiny_model, to_numpy
 
 BACKEND = keras.backend.backend()
+
+
+def _jax_fast_dropout():
+    """Whether the ``jax_dropout`` fast path applies here (JAX's CPU,
+    not switched off)."""
+    return backends.enabled("jax_dropout") and (
+        backends.jax_device_kind() == "cpu"
+    )
 
 
 def nonzero_inputs(rng, shape):
@@ -98,14 +104,14 @@ def test_keras_dropout_off_jax_threefry_bits_on_jax(rng):
     x = nonzero_inputs(rng, (16, 64))
     ours = to_numpy(layers.Dropout(0.5, seed=3)(x, training=True))
     theirs = to_numpy(keras.layers.Dropout(0.5, seed=3)(x, training=True))
-    if jax_on_cpu():
+    if _jax_fast_dropout():
         # The same seed, another stream: XLA's threefry bits.
         assert ((ours != 0) != (theirs != 0)).any()
     else:
         np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.skipif(not jax_on_cpu(), reason="XLA's bits on JAX's CPU")
+@pytest.mark.skipif(not _jax_fast_dropout(), reason="XLA's bits on JAX's CPU")
 def test_jax_mask_stream_is_pinned():
     # The first mask of seed 1 at rate 0.5, each row's kept elements as
     # the bits of an int (first column most significant). XLA expands
@@ -117,7 +123,7 @@ def test_jax_mask_stream_is_pinned():
     assert rows == [37841, 48097, 42867, 22081]
 
 
-@pytest.mark.skipif(not jax_on_cpu(), reason="the JAX CPU path")
+@pytest.mark.skipif(not _jax_fast_dropout(), reason="the JAX CPU path")
 def test_sharded_jax_runs_keras_dropout(rng):
     # Under a keras.distribution, XLA would draw the whole batch's bits on
     # every device; the layer runs Keras's partitionable draw instead.
@@ -203,17 +209,17 @@ def test_compiled_training_draws_new_masks_each_step(rng):
     ]
     assert dropouts and all(isinstance(d, layers.Dropout) for d in dropouts)
     # Unseeded dropout on torch draws from torch's global generator
-    # (saved by training checkpoints, `training._global_rng`), elsewhere
+    # (saved by training checkpoints, `backends.global_rng_state`), elsewhere
     # from the layers' seed generators.
     start = [to_numpy(d.seed_generator.state) for d in dropouts]
-    global_start = _global_rng.get_state()
+    global_start = backends.global_rng_state()
     losses = [float(model.train_on_batch(batch, labels)) for _ in range(2)]
     assert losses[0] != losses[1]
     for d, state in zip(dropouts, start, strict=True):
         if BACKEND != "torch":
             assert (to_numpy(d.seed_generator.state) != state).any()
         d.seed_generator.state.assign(state)
-    _global_rng.set_state(global_start)
+    backends.set_global_rng_state(global_start)
     # The same seeds give the same masks, hence the first loss again.
     assert float(model.train_on_batch(batch, labels)) == pytest.approx(
         losses[0], rel=1e-6

@@ -2,7 +2,6 @@
 precision."""
 
 import os
-from contextlib import nullcontext
 
 import keras
 import numpy as np
@@ -10,14 +9,7 @@ import pytest
 from keras import ops
 
 from keras_transformer import layers
-from keras_transformer.layers._utils import (
-    _calls_directly,
-    call_layer,
-    concrete_index,
-    direct_sublayer_calls,
-    memoized,
-)
-from tests.helpers import decoding_direct_calls, to_numpy
+from tests.helpers import to_numpy
 
 HIDDEN = 32
 
@@ -98,278 +90,6 @@ def test_keras_file_save_and_load(name, rng, tmp_path):
     )
 
 
-@pytest.mark.parametrize("decoding", [False, True], ids=["plain", "decoding"])
-@pytest.mark.parametrize("name", LAYER_NAMES)
-def test_direct_sublayer_calls_change_no_output(name, decoding, rng):
-    """Also as decoding runs them, which on torch replaces the calls of
-    the projections, dense layers, layer norms and attention."""
-    layer = make(name)
-    args = inputs_for(name, rng)
-    expected = to_numpy(layer(*args))
-    context = decoding_direct_calls() if decoding else direct_sublayer_calls()
-    with context:
-        direct = to_numpy(layer(*args))
-    np.testing.assert_allclose(direct, expected, rtol=1e-6, atol=1e-6)
-
-
-def test_direct_calls_keep_keras_path_where_it_changes_results(rng):
-    """Mixed precision needs `Layer.__call__`'s autocasting, quantized
-    layers its `quantized_call`, and an input of another float dtype its
-    cast: called directly, each would compute something else."""
-    x = ops.convert_to_tensor(rng.normal(size=(2, 3, 16)).astype("float32"))
-    plain = keras.layers.Dense(8)
-    mixed = keras.layers.Dense(8, dtype="mixed_bfloat16")
-    quantized = keras.layers.Dense(8)
-    unbuilt = keras.layers.Dense(8)
-    for layer in (plain, mixed, quantized):
-        layer.build(x.shape)
-    quantized.set_weights(plain.get_weights())
-    quantized.quantize("int8")
-    assert [_calls_directly(layer) for layer in (plain, mixed, quantized)] == [
-        True,
-        False,
-        False,
-    ]
-    assert not _calls_directly(unbuilt)
-    x16 = ops.cast(x, "bfloat16")
-    assert not _calls_directly(plain, (x16,))
-    assert _calls_directly(plain, (x,))
-
-    with direct_sublayer_calls():
-        outputs = [call_layer(layer, x) for layer in (plain, mixed, quantized)]
-        from_bfloat16 = call_layer(plain, x16)
-        call_layer(unbuilt, x)  # builds it, through `Layer.__call__`
-    assert unbuilt.built
-    assert keras.backend.standardize_dtype(outputs[1].dtype) == "bfloat16"
-    assert keras.backend.standardize_dtype(from_bfloat16.dtype) == "float32"
-    for layer, output in zip((plain, mixed, quantized), outputs, strict=True):
-        np.testing.assert_array_equal(
-            to_numpy(ops.cast(output, "float32")),
-            to_numpy(ops.cast(layer(x), "float32")),
-        )
-    # The same weights, int8: close to the float layer, not equal to it.
-    np.testing.assert_allclose(
-        to_numpy(outputs[2]), to_numpy(outputs[0]), rtol=0.1, atol=0.1
-    )
-    assert not np.array_equal(to_numpy(outputs[2]), to_numpy(outputs[0]))
-
-
-def test_concrete_index_only_inside_direct_calls():
-    index = ops.convert_to_tensor(3, "int32")
-    assert concrete_index(index) is index
-    assert concrete_index(None) is None
-    with direct_sublayer_calls():
-        assert type(concrete_index(index)) is int
-        assert concrete_index(index) == 3
-        assert concrete_index(None) is None
-
-
-def test_memoized_shares_only_unchanged_torch_tensors():
-    """`memoized` computes once per context for the same ints, None and
-    torch tensors; a tensor written in place since, any other argument
-    (a NumPy array, another backend's tensor) and a new context compute
-    again, and outside the context every call computes."""
-    calls = []
-
-    def compute():
-        calls.append(None)
-        return len(calls)
-
-    tensor = ops.convert_to_tensor(np.zeros((2, 3)), "float32")
-    array = np.zeros((2, 3))
-    on_torch = keras.backend.backend() == "torch"
-    memoized("x", (tensor, 1), compute)
-    memoized("x", (tensor, 1), compute)
-    assert len(calls) == 2
-    with direct_sublayer_calls():
-        first = memoized("x", (tensor, 1, None), compute)
-        again = memoized("x", (tensor, 1, None), compute)
-        assert (again == first) is on_torch
-        assert len(calls) == (3 if on_torch else 4)
-        memoized("x", (tensor, 2, None), compute)
-        memoized("y", (tensor, 1, None), compute)
-        assert len(calls) == (5 if on_torch else 6)
-        memoized("x", (array, 1), compute)
-        memoized("x", (array, 1), compute)
-        assert len(calls) == (7 if on_torch else 8)
-        if on_torch:
-            tensor.add_(1.0)
-            memoized("x", (tensor, 1, None), compute)
-            assert len(calls) == 8
-    with direct_sublayer_calls():
-        memoized("x", (tensor, 1, None), compute)
-    assert len(calls) == 9
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="the memo is torch's only"
-)
-def test_attention_masks_are_shared_only_inside_direct_calls(rng, monkeypatch):
-    """Inside `direct_sublayer_calls` on torch, attention layers given the
-    same mask tensors, index and lengths (as a decoding step's layers are)
-    merge them once; a different tensor, index, length or context merges
-    again, and outside the context every call merges."""
-    from keras_transformer.layers import multi_head_attention
-
-    merges = []
-    merged_mask = multi_head_attention._merged_mask
-
-    def counted(*args):
-        merges.append(args)
-        return merged_mask(*args)
-
-    monkeypatch.setattr(multi_head_attention, "_merged_mask", counted)
-    first, second = (layers.MultiHeadAttention(num_heads=4) for _ in "ab")
-    query = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
-    mask = ops.convert_to_tensor(np.array([[1, 1, 0], [1, 1, 1]]), "int32")
-    same_values = ops.convert_to_tensor(ops.convert_to_numpy(mask))
-    expected = [
-        to_numpy(layer(query, key_padding_mask=mask, use_causal_mask=True))
-        for layer in (first, second)
-    ]
-    assert len(merges) == 2
-    with direct_sublayer_calls():
-        got = [
-            to_numpy(layer(query, key_padding_mask=mask, use_causal_mask=True))
-            for layer in (first, second)
-        ]
-        assert len(merges) == 3
-        first(query, key_padding_mask=same_values, use_causal_mask=True)
-        first(query, key_padding_mask=mask)
-        # Fewer queries over the same keys and mask: another length.
-        first(query[:, :2], query, key_padding_mask=mask, use_causal_mask=True)
-        assert len(merges) == 6
-    with direct_sublayer_calls():
-        first(query, key_padding_mask=mask, use_causal_mask=True)
-    assert len(merges) == 7
-    for want, have in zip(expected, got, strict=True):
-        np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="the memo is torch's only"
-)
-def test_shared_masks_follow_cache_indices_and_in_place_writes(rng):
-    """A self-attention cache filled step by step inside the context, with
-    the index as a tensor bumped in place and a padding mask written in
-    place, gives what fresh tensors give outside it."""
-    import torch
-
-    layer = layers.MultiHeadAttention(num_heads=4)
-    steps = 4
-    x = rng.normal(size=(2, steps, HIDDEN)).astype("float32")
-    layer(x)
-
-    def run(in_context):
-        cache = torch.zeros((2, 2, steps, 4, HIDDEN // 4))
-        index = torch.tensor(0)
-        padding = torch.zeros((2, steps), dtype=torch.int32)
-        outputs = []
-        context = direct_sublayer_calls() if in_context else nullcontext()
-        with torch.no_grad(), context:
-            for step in range(steps):
-                padding[:, step] = 1
-                key_padding = padding if in_context else padding.clone()
-                at = index if in_context else torch.tensor(step)
-                out, cache = layer(
-                    x[:, step : step + 1],
-                    key_padding_mask=key_padding,
-                    use_causal_mask=True,
-                    cache=cache,
-                    cache_update_index=at,
-                )
-                outputs.append(to_numpy(out))
-                index += 1
-        return np.concatenate(outputs, axis=1)
-
-    np.testing.assert_allclose(run(True), run(False), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="torch decoding's own calls"
-)
-def test_torch_decoding_replaces_layer_calls_and_falls_back(rng, monkeypatch):
-    """In torch decoding, the projections, dense layers and layer norms
-    run torch's kernels instead of their ``call`` (which is made to fail
-    here), and what they do not cover still goes to ``call``: other
-    activations and axes, and half precision, which Keras computes in
-    float32."""
-    from keras_transformer.layers.multi_head_attention import _HeadsProjection
-
-    x = ops.convert_to_tensor(rng.normal(size=(2, 3, 16)).astype("float32"))
-    x16 = ops.cast(x, "bfloat16")
-    heads = _HeadsProjection("btd,dnh->btnh", (None, 2, 8), bias_axes="nh")
-    lora = _HeadsProjection("btd,dnh->btnh", (None, 2, 8), bias_axes="nh")
-    covered = [
-        (heads, x),
-        (lora, x),
-        (keras.layers.Dense(8, "relu"), x),
-        (keras.layers.LayerNormalization(), x),
-    ]
-    others = [
-        (keras.layers.Dense(8, "gelu"), x),
-        (keras.layers.LayerNormalization(axis=[1, 2]), x),
-        (keras.layers.Dense(8, "relu", dtype="bfloat16"), x16),
-        (keras.layers.LayerNormalization(dtype="bfloat16"), x16),
-    ]
-    for layer, _ in covered + others:
-        layer.build(x.shape)
-    lora.enable_lora(2)
-    b = rng.normal(size=tuple(lora.lora_kernel_b.shape)).astype("float32")
-    lora.lora_kernel_b.assign(b)
-    expected = [to_numpy(layer(a)) for layer, a in covered + others]
-
-    def fail(*args, **kwargs):
-        raise AssertionError("layer.call was called")
-
-    for cls in (_HeadsProjection, keras.layers.Dense):
-        monkeypatch.setattr(cls, "call", fail)
-    monkeypatch.setattr(keras.layers.LayerNormalization, "call", fail)
-    with decoding_direct_calls():
-        for (layer, a), want in zip(
-            covered, expected[: len(covered)], strict=True
-        ):
-            got = to_numpy(call_layer(layer, a))
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-        for layer, a in others:
-            with pytest.raises(AssertionError, match="layer.call"):
-                call_layer(layer, a)
-    monkeypatch.undo()
-    with decoding_direct_calls():
-        for (layer, a), want in zip(
-            others, expected[len(covered) :], strict=True
-        ):
-            np.testing.assert_array_equal(to_numpy(call_layer(layer, a)), want)
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="torch decoding's own calls"
-)
-def test_torch_decoding_runs_torchs_attention(rng, monkeypatch):
-    """Attention in torch decoding does not go through
-    `keras.ops.dot_product_attention` (made to fail here) and gives its
-    result, masks included."""
-    layer = layers.MultiHeadAttention(num_heads=4)
-    query = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
-    value = rng.normal(size=(2, 5, HIDDEN)).astype("float32")
-    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], "int32")
-    kwargs = {"value": value, "key_padding_mask": mask}
-    expected = to_numpy(layer(query, **kwargs))
-    causal = to_numpy(layer(query, use_causal_mask=True))
-
-    def fail(*args, **kwargs):
-        raise AssertionError("keras.ops.dot_product_attention was called")
-
-    monkeypatch.setattr(keras.ops, "dot_product_attention", fail)
-    with pytest.raises(AssertionError, match="dot_product_attention"):
-        layer(query, **kwargs)
-    with decoding_direct_calls():
-        got = to_numpy(layer(query, **kwargs))
-        got_causal = to_numpy(layer(query, use_causal_mask=True))
-    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(got_causal, causal, rtol=1e-6, atol=1e-6)
-
-
 @pytest.mark.parametrize(
     "backend,device,gpu,cpu",
     [
@@ -384,16 +104,16 @@ def test_torch_decoding_runs_torchs_attention(rng, monkeypatch):
 def test_jax_device_checks_read_the_backend_and_first_device(
     backend, device, gpu, cpu, monkeypatch
 ):
-    from keras_transformer.layers import _utils
+    from keras_transformer import backends
 
     monkeypatch.setattr(keras.backend, "backend", lambda: backend)
     monkeypatch.setattr(keras.distribution, "list_devices", lambda: [device])
-    _utils._first_jax_device.cache_clear()
+    backends._first_jax_device.cache_clear()
     try:
-        assert _utils.jax_on_gpu() is gpu
-        assert _utils.jax_on_cpu() is cpu
+        assert backends.broadcast_attention_masks() is gpu
+        assert (backends.jax_device_kind() == "cpu") is cpu
     finally:
-        _utils._first_jax_device.cache_clear()
+        backends._first_jax_device.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -404,8 +124,6 @@ def test_gpu_attention_gets_a_mask_per_query(masks, rng, monkeypatch):
     """As on a JAX GPU (this machine has none), the mask that reaches the
     fused attention spans every query, as cuDNN's kernel requires, and
     the output does not change."""
-    from keras_transformer.layers import _utils
-
     layer = layers.MultiHeadAttention(num_heads=4)
     query = rng.normal(size=(2, 3, HIDDEN)).astype("float32")
     value = rng.normal(size=(2, 5, HIDDEN)).astype("float32")
@@ -427,16 +145,16 @@ def test_gpu_attention_gets_a_mask_per_query(masks, rng, monkeypatch):
     expected = to_numpy(layer(query, **kwargs))
 
     seen = []
+    fused = ops.dot_product_attention
 
     def attention(q, k, v, mask=None, **options):
         seen.append(None if mask is None else tuple(mask.shape))
-        return ops.dot_product_attention(q, k, v, mask=mask, **options)
+        return fused(q, k, v, mask=mask, **options)
 
-    monkeypatch.setattr(_utils, "jax_on_gpu", lambda: True)
-    with direct_sublayer_calls(
-        backend_ops={"dot_product_attention": attention}
-    ):
-        got = to_numpy(layer(query, **kwargs))
+    # What `backends.broadcast_attention_masks` decides on a JAX GPU.
+    layer._broadcast_masks = True
+    monkeypatch.setattr(ops, "dot_product_attention", attention)
+    got = to_numpy(layer(query, **kwargs))
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     assert seen == [want]
 
@@ -445,13 +163,12 @@ def test_gpu_attention_mask_builds_in_a_functional_model(rng, monkeypatch):
     """As on a JAX GPU: the broadcast takes unknown batch and lengths
     (building a functional model), and the model computes what the layer
     computes without it."""
-    from keras_transformer.layers import _utils
-
     layer = layers.MultiHeadAttention(num_heads=4)
     x = rng.normal(size=(2, 4, HIDDEN)).astype("float32")
     mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], "int32")
     expected = to_numpy(layer(x, key_padding_mask=mask))
-    monkeypatch.setattr(_utils, "jax_on_gpu", lambda: True)
+    # What `backends.broadcast_attention_masks` decides on a JAX GPU.
+    layer._broadcast_masks = True
     query = keras.Input((None, HIDDEN))
     padding = keras.Input((None,), dtype="int32")
     model = keras.Model(

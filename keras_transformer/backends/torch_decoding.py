@@ -1,64 +1,45 @@
-"""Decoding on torch: the layer calls and ops of `direct_calls`.
+"""The ``torch_decoder`` fast path: a search's cached decoder step as
+torch kernels.
 
 Torch runs the search loop eagerly, and a one-token step of the base
-decoder makes about a hundred layer calls: the bookkeeping around each
-call and each `keras.ops` call (dtype resolution, casts, argument
-flattening) costs more than the step's arithmetic. Inside `direct_calls`,
-`direct_sublayer_calls` (see `layers._utils`) skips `Layer.__call__`, and
-the tables below replace, where they compute what Keras computes, the
-calls that a step makes most:
+decoder makes about a hundred Keras layer calls and as many `keras.ops`
+calls, whose bookkeeping (argument conversion, dtype resolution, name
+scopes) costs more than the step's arithmetic. `cached_decoder` returns
+the step of `Transformer.decode` with a stacked cache as the arithmetic
+it comes to: each decoder layer (section 3.1, post-norm as in 5.4, or
+pre-norm) as one function of torch kernels, with its weights read once
+per search:
 
-- head projections and dense layers: one `torch.addmm` each, the bias
-  added inside the matrix product;
+- projections: one `torch.addmm` each, the bias added inside the product;
 - layer normalizations: `F.layer_norm`;
-- a `TransformerDecoderLayer` step with a stacked cache, at inference:
-  `decoder_step`, those same kernels in one function, without the ten or
-  so sublayer calls around them;
 - attention: `F.scaled_dot_product_attention`; each step writes its keys
-  and values into the self-attention cache in place, instead of copying
-  the whole cache as `ops.slice_update` does.
+  and values into the stacked cache in place, instead of copying the
+  whole cache as `ops.slice_update` does;
+- the attention masks of a step: computed once for every layer.
 
-Everything else (float16 and bfloat16 inputs, which Keras computes
-partly in float32; quantized or LoRA layers; other activations and
-normalizations) falls back to the layer's own ``call``. Imported only on
-the torch backend (by `compile.torch_direct_calls`).
+The embeddings, positions, final norm and output projection stay Keras
+layer calls (once per step). A model whose decoder is not what this
+module computes (float16 or bfloat16, quantized or LoRA layers, other
+activations or normalizations, options it does not know) gets None, and
+its search runs `Transformer.decode`.
 """
 
-import functools
 import math
 
 import keras
 import torch
 import torch.nn.functional as F
 
-from keras_transformer.layers._utils import (
-    _calls_directly,
-    direct_sublayer_calls,
-    memoized,
-)
-from keras_transformer.layers.decoder_layer import TransformerDecoderLayer
 from keras_transformer.layers.multi_head_attention import (
-    _HeadsProjection,
     attention_mask_of_call,
 )
 
 _LINEAR = keras.activations.linear
 # Activations computed here, and the torch function of each.
 _ACTIVATIONS = {_LINEAR: None, keras.activations.relu: torch.relu}
-# The keyword arguments `decoder_step` knows; with any other, the layer's
-# own `call` runs (and raises for a misspelt one).
-_DECODER_ARGUMENTS = frozenset(
-    {
-        "encoder_sequence",
-        "decoder_padding_mask",
-        "encoder_padding_mask",
-        "self_attention_cache",
-        "self_attention_cache_update_index",
-        "cross_attention_cache",
-        "return_attention_scores",
-        "training",
-    }
-)
+# The head projections' einsum equations, and how many input axes each
+# contracts with the kernel: a matrix product.
+_CONTRACTED_AXES = {"btd,dnh->btnh": 1, "btnh,nhd->btd": 2}
 
 # The `TransformerDecoderLayer` options `decoder_step` computes (or that
 # change nothing at inference); a layer whose config has any other (an
@@ -82,25 +63,61 @@ _DECODER_CONFIG = frozenset(
 )
 
 
-def direct_calls():
-    """The `direct_sublayer_calls` context with torch's layer calls and
-    ops below."""
-    return direct_sublayer_calls(*_tables())
+def cached_decoder(model):
+    """``decode(token_ids, cache, index, encoder_padding_mask,
+    decoder_padding_mask=None) -> (logits, cache)``: `Transformer.decode`
+    for a stacked cache, writing each step into ``cache`` in place; None
+    where ``model``'s decoder is not what this module computes.
 
+    The layers' weights are read here, as views of their variables, so
+    weights assigned later in place are seen; call it again after
+    quantizing a model or enabling LoRA.
+    """
+    if model.compute_dtype != "float32":
+        return None
+    weights = [decoder_step_weights(layer) for layer in model.decoder_layers]
+    if any(w is None for w in weights):
+        return None
 
-@functools.cache
-def _tables():
-    layer_calls = {
-        _HeadsProjection: _heads_projection,
-        keras.layers.Dense: _dense,
-        keras.layers.LayerNormalization: _layer_norm,
-        TransformerDecoderLayer: _decoder_layer,
-    }
-    backend_ops = {
-        "dot_product_attention": _dot_product_attention,
-        "write_cache_in_place": _write_cache_in_place,
-    }
-    return layer_calls, backend_ops
+    def decode(
+        token_ids,
+        cache,
+        index,
+        encoder_padding_mask,
+        decoder_padding_mask=None,
+    ):
+        index = int(index)
+        self_cache = cache["self_attention"]
+        cross_cache = cache["cross_attention"]
+        steps = token_ids.shape[1]
+        masks = (
+            attention_mask_of_call(
+                steps,
+                self_cache.shape[3],
+                decoder_padding_mask,
+                use_causal_mask=True,
+                cache_update_index=index,
+            ),
+            attention_mask_of_call(
+                steps, cross_cache.shape[3], encoder_padding_mask
+            ),
+        )
+        x = model.decoder_token_embedding(token_ids)
+        x = x + model.decoder_position_encoding(x, start_index=index)
+        for i, layer_weights in enumerate(weights):
+            x = decoder_step(
+                layer_weights,
+                x,
+                masks,
+                self_cache[:, i],
+                index,
+                cross_cache[:, i],
+            )
+        if model.decoder_final_norm is not None:
+            x = model.decoder_final_norm(x)
+        return model.project(x), cache
+
+    return decode
 
 
 # --- helpers
@@ -132,85 +149,18 @@ def _projection_matrix(layer, axes, kernel):
     return matrix, torch.broadcast_to(_value(layer.bias), kept).reshape(-1)
 
 
-# --- layer calls: each returns what ``layer.call`` would
-
-
-def _heads_projection(layer, inputs, training=None):
-    axes = layer._CONTRACTED_AXES.get(layer.equation)
-    kernel = _value(layer.kernel)
-    if (
-        axes is None
-        or layer.activation is not _LINEAR
-        or inputs.dtype != torch.float32
-        or inputs.shape[inputs.ndim - axes :] != kernel.shape[:axes]
-    ):
-        return layer.call(inputs, training=training)
-    rows = inputs.reshape(-1, math.prod(kernel.shape[:axes]))
-    x = _matmul(rows, *_projection_matrix(layer, axes, kernel))
-    return x.reshape(*inputs.shape[:-axes], *kernel.shape[axes:])
-
-
-def _dense(layer, inputs, training=None):
-    if layer.activation not in _ACTIVATIONS or inputs.dtype != torch.float32:
-        return layer.call(inputs, training=training)
-    kernel = _value(layer.kernel)
-    rows = inputs.reshape(-1, inputs.shape[-1])
-    x = _matmul(rows, kernel, _optional_value(layer.bias))
-    x = x.reshape(*inputs.shape[:-1], kernel.shape[-1])
-    activation = _ACTIVATIONS[layer.activation]
-    return x if activation is None else activation(x)
-
-
-def _layer_norm(layer, inputs):
-    # Keras computes half-precision layer norms in float32.
-    axis = layer.axis if isinstance(layer.axis, list) else [layer.axis]
-    last_axis_only = [a % inputs.ndim for a in axis] == [inputs.ndim - 1]
-    if layer.rms_scaling or not last_axis_only or inputs.dtype != torch.float32:
-        return layer.call(inputs)
-    return F.layer_norm(
-        inputs,
-        inputs.shape[-1:],
-        _optional_value(layer.gamma),
-        _optional_value(layer.beta),
-        layer.epsilon,
-    )
-
-
-def _decoder_layer(layer, decoder_sequence, *args, **kwargs):
-    # Decoding passes the sequence, then keyword arguments.
-    cache = kwargs.get("self_attention_cache")
-    cross_cache = kwargs.get("cross_attention_cache")
-    index = kwargs.get("self_attention_cache_update_index")
-    weights = None
-    if (
-        not args
-        and kwargs.keys() <= _DECODER_ARGUMENTS
-        and index is not None
-        and isinstance(cache, torch.Tensor)
-        and isinstance(cross_cache, torch.Tensor)
-        and not kwargs.get("return_attention_scores")
-        and not kwargs.get("training")
-        and decoder_sequence.dtype == torch.float32
-    ):
-        weights = memoized(
-            "decoder_step_weights",
-            (layer,),
-            lambda: decoder_step_weights(layer),
-        )
-    if weights is None:
-        return layer.call(decoder_sequence, *args, **kwargs)
-    return decoder_step(
-        weights,
-        decoder_sequence,
-        kwargs.get("decoder_padding_mask"),
-        kwargs.get("encoder_padding_mask"),
-        cache,
-        int(index),
-        cross_cache,
-    )
-
-
 # --- the decoder layer step
+
+
+def _plain(layer):
+    """Whether ``layer.call`` computes ``layer``: built, not quantized,
+    in its variables' dtype."""
+    policy = layer.dtype_policy
+    return (
+        layer.built
+        and policy.quantization_mode is None
+        and policy.compute_dtype == policy.variable_dtype
+    )
 
 
 def decoder_step_weights(layer):
@@ -222,9 +172,7 @@ def decoder_step_weights(layer):
 
     None where a sublayer is not what `decoder_step` computes: not
     float32, quantized, with LoRA, another activation or another
-    normalization; and for a layer with options it does not know. Read
-    once per `direct_calls` context (one search), so a layer quantized or
-    given LoRA inside a context keeps the weights read first.
+    normalization; and for a layer with options it does not know.
     """
     self_attention = layer.self_attention
     cross_attention = layer.cross_attention
@@ -248,13 +196,13 @@ def decoder_step_weights(layer):
     if not (
         layer.get_config().keys() <= _DECODER_CONFIG
         and all(
-            _calls_directly(sublayer)
+            _plain(sublayer)
             and sublayer.compute_dtype == "float32"
             and not getattr(sublayer, "lora_enabled", False)
             for sublayer in sublayers
         )
         and all(
-            p.activation is _LINEAR and p.equation in p._CONTRACTED_AXES
+            p.activation is _LINEAR and p.equation in _CONTRACTED_AXES
             for p in projections
         )
         and feed_forward.output_dense.activation is _LINEAR
@@ -265,7 +213,7 @@ def decoder_step_weights(layer):
     ):
         return None
     matrices = [
-        _projection_matrix(p, p._CONTRACTED_AXES[p.equation], _value(p.kernel))
+        _projection_matrix(p, _CONTRACTED_AXES[p.equation], _value(p.kernel))
         for p in projections
     ]
 
@@ -298,26 +246,21 @@ def decoder_step_weights(layer):
     }
 
 
-def decoder_step(
-    weights,
-    x,
-    decoder_padding_mask,
-    encoder_padding_mask,
-    cache,
-    index,
-    cross_cache,
-):
+def decoder_step(weights, x, masks, cache, index, cross_cache):
     """`TransformerDecoderLayer.call` with a stacked self-attention cache,
     at inference, as the arithmetic it comes to: the torch kernels of the
     sublayer calls above, on ``(batch * steps, width)`` rows.
 
-    ``x``: ``(batch, steps, width)``; ``cache``: this layer's ``(batch, 2,
-    max_length, heads, head_dim)`` view of the stacked cache, written at
-    ``index`` in place and returned; ``cross_cache``: ``(batch, 2,
-    source_length, heads, head_dim)``.
+    ``x``: ``(batch, steps, width)``; ``masks``: the boolean self- and
+    cross-attention masks of the step; ``cache``: this layer's ``(batch,
+    2, max_length, heads, head_dim)`` view of the stacked cache, written
+    at ``index`` in place; ``cross_cache``: ``(batch, 2, source_length,
+    heads, head_dim)``. Returns the layer's output, ``(batch, steps,
+    width)``.
     """
     batch, steps, width = x.shape
     self_norm, cross_norm, feed_forward_norm = weights["norms"]
+    self_mask, cross_mask = masks
 
     def residual(rows, norm, sublayer):
         # Vaswani et al., 2017, 5.4: LayerNorm(x + Sublayer(x)).
@@ -335,28 +278,22 @@ def decoder_step(
             _matmul(rows, *key).view(batch, steps, *heads),
             _matmul(rows, *value).view(batch, steps, *heads),
         )
-        mask = attention_mask_of_call(
-            steps,
-            cache.shape[2],
-            decoder_padding_mask,
-            use_causal_mask=True,
-            cache_update_index=index,
-        )
         queries = _matmul(rows, *query).view(batch, steps, *heads)
         attended = _dot_product_attention(
-            queries, cache[:, 0], cache[:, 1], mask, _scale(heads)
+            queries, cache[:, 0], cache[:, 1], self_mask, _scale(heads)
         )
         return _matmul(attended.reshape(batch * steps, -1), *output)
 
     def cross_attention(rows):
         query, output = weights["cross_attention"]
         heads = weights["cross_attention_heads"]
-        mask = attention_mask_of_call(
-            steps, cross_cache.shape[2], encoder_padding_mask
-        )
         queries = _matmul(rows, *query).view(batch, steps, *heads)
         attended = _dot_product_attention(
-            queries, cross_cache[:, 0], cross_cache[:, 1], mask, _scale(heads)
+            queries,
+            cross_cache[:, 0],
+            cross_cache[:, 1],
+            cross_mask,
+            _scale(heads),
         )
         return _matmul(attended.reshape(batch * steps, -1), *output)
 
@@ -370,7 +307,7 @@ def decoder_step(
     rows = residual(rows, self_norm, self_attention)
     rows = residual(rows, cross_norm, cross_attention)
     rows = residual(rows, feed_forward_norm, feed_forward)
-    return rows.view(batch, steps, width), cache
+    return rows.view(batch, steps, width)
 
 
 def _scale(heads):

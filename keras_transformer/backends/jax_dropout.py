@@ -1,4 +1,5 @@
-"""The JAX dropout mask of `layers.Dropout`: threefry bits from XLA.
+"""The ``jax_dropout`` fast path: the dropout masks of `layers.Dropout`
+as threefry bits from XLA.
 
 Keras's JAX dropout draws its mask with `jax.random.bernoulli`, which
 computes threefry-2x32 as JAX-level integer operations for every element
@@ -9,8 +10,8 @@ compared with the keep probability as integers. XLA expands the
 algorithm itself, so its bits are not promised to stay the same across
 XLA versions, as `jax.random`'s are.
 
-JAX only, imported by `layers.Dropout` when it draws a mask on JAX's CPU;
-kept out of `layers/`, which imports only Keras.
+Chosen by `backends.dropout_function` on JAX's CPU without a
+`keras.distribution`.
 """
 
 import jax.numpy as jnp

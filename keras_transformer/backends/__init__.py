@@ -1,0 +1,243 @@
+"""The one seam for backend-specific code.
+
+The layers, the model, the searches and the training code are written in
+`keras` and `keras.ops` alone and run unchanged on TensorFlow, JAX and
+torch. What a backend does better with its own kernels lives here, as a
+*fast path*: registered once by name in `FAST_PATHS`, chosen once where a
+model, a loss, an optimizer or a search is built or compiled, and
+switchable off by name. With every fast path off, the package runs
+Keras's own code on every backend and gives the same results (to float
+rounding): the suite passes that way too.
+
+Switch fast paths off with the environment variable
+``KERAS_TRANSFORMER_DISABLE_FAST_PATHS`` (comma-separated names, or
+``all``), read when a path is chosen, or in code:
+
+>>> from keras_transformer import backends
+>>> with backends.disabled("torch_decoder"):
+...     translator = Translator.from_pretrained(...)  # plain Keras decoding
+
+Besides the fast paths, this package holds the few places where backends
+must differ to work at all: how a search loop is compiled
+(`compile_search`) and the torch global random state that resumable
+training saves (`global_rng_state`).
+"""
+
+import contextlib
+import dataclasses
+import functools
+import os
+import threading
+
+import keras
+
+ENVIRONMENT_VARIABLE = "KERAS_TRANSFORMER_DISABLE_FAST_PATHS"
+
+
+@dataclasses.dataclass(frozen=True)
+class FastPath:
+    """A registered fast path.
+
+    Attributes:
+        name: what `enabled` and `disabled` take.
+        backends: the Keras backends it serves.
+        summary: what it replaces, in one line.
+    """
+
+    name: str
+    backends: tuple
+    summary: str
+
+
+FAST_PATHS = {
+    path.name: path
+    for path in (
+        FastPath(
+            "torch_decoder",
+            ("torch",),
+            "the cached decoder step of a search as torch kernels "
+            "(backends/torch_decoding.py) instead of Keras layer calls",
+        ),
+        FastPath(
+            "jax_dropout",
+            ("jax",),
+            "dropout masks from XLA's threefry bit generator on JAX's CPU "
+            "(backends/jax_dropout.py) instead of jax.random.bernoulli",
+        ),
+        FastPath(
+            "fused_adam",
+            ("tensorflow", "torch"),
+            "one fused Adam kernel per variable: ResourceApplyAdam on "
+            "TensorFlow, torch._fused_adam_ on torch's CPU "
+            "(backends/adam.py)",
+        ),
+        FastPath(
+            "fused_loss",
+            ("tensorflow", "torch"),
+            "label-smoothed cross-entropy by the backend's fused kernel "
+            "(backends/losses.py)",
+        ),
+        FastPath(
+            "tensorflow_filler_row",
+            ("tensorflow",),
+            "a lone cached one-hypothesis source searched beside a filler "
+            "row on TensorFlow's XLA for the CPU",
+        ),
+    )
+}
+
+_state = threading.local()
+
+
+def _disabled_names():
+    names = set(getattr(_state, "disabled", ()))
+    setting = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    names.update(n.strip() for n in setting.split(",") if n.strip())
+    return names
+
+
+def enabled(name):
+    """Whether fast path ``name`` applies: it serves the current Keras
+    backend and is not switched off."""
+    path = _check_name(name)
+    if path is None:
+        raise ValueError("enabled() takes one fast path's name, not 'all'.")
+    if keras.backend.backend() not in path.backends:
+        return False
+    disabled_names = _disabled_names()
+    return "all" not in disabled_names and name not in disabled_names
+
+
+@contextlib.contextmanager
+def disabled(*names):
+    """Within the block (in this thread), the fast paths ``names`` (all of
+    them when none is given) are off where a model, loss, optimizer or
+    search is built or compiled."""
+    for name in names:
+        _check_name(name)
+    previous = getattr(_state, "disabled", frozenset())
+    _state.disabled = previous | (set(names) or {"all"})
+    try:
+        yield
+    finally:
+        _state.disabled = previous
+
+
+def _check_name(name):
+    if name == "all":
+        return None
+    if name not in FAST_PATHS:
+        raise ValueError(
+            f"Unknown fast path {name!r}; the fast paths are "
+            f"{sorted(FAST_PATHS)}."
+        )
+    return FAST_PATHS[name]
+
+
+def jax_device_kind():
+    """``"cpu"``, ``"gpu"`` or ``"tpu"`` on JAX (its first device), else
+    None."""
+    if keras.backend.backend() != "jax":
+        return None
+    return _first_jax_device()
+
+
+@functools.cache
+def _first_jax_device():
+    # "cpu:0" -> "cpu"
+    return keras.distribution.list_devices()[0].split(":")[0]
+
+
+def broadcast_attention_masks():
+    """Whether attention masks should be broadcast over the queries
+    before `keras.ops.dot_product_attention`.
+
+    On a JAX GPU, Keras tries cuDNN's fused attention first. cuDNN takes
+    only a mask as long as the queries: it refuses one that broadcasts
+    over them (a padding mask), and Keras logs each refusal as an error
+    before falling back to XLA. Elsewhere masks stay as they are.
+    """
+    return jax_device_kind() == "gpu"
+
+
+def dropout_function():
+    """``fn(inputs, rate, noise_shape, seed)`` of the ``jax_dropout``
+    fast path where it applies (JAX on the CPU, no `keras.distribution`,
+    under which XLA would draw the whole batch's mask on every device),
+    else None: Keras's dropout."""
+    if not (
+        enabled("jax_dropout")
+        and jax_device_kind() == "cpu"
+        and keras.distribution.distribution() is None
+    ):
+        return None
+    from keras_transformer.backends import jax_dropout
+
+    return jax_dropout.dropout
+
+
+def cached_decoder(model, cache_layout):
+    """``fn(token_ids, cache, index, encoder_padding_mask)``, the
+    ``torch_decoder`` fast path for ``model``'s cached decoding step,
+    where it applies (torch, a stacked cache, a model whose decoder it
+    computes); else None, and the search calls `Transformer.decode`."""
+    if cache_layout != "stacked" or not enabled("torch_decoder"):
+        return None
+    from keras_transformer.backends import torch_decoding
+
+    return torch_decoding.cached_decoder(model)
+
+
+def default_cache_layout():
+    """The decoder cache layout a search uses by default: ``"stacked"``
+    where the ``torch_decoder`` fast path applies (it writes each step
+    into the stacked cache in place), else ``"split"``, which XLA reads
+    and updates in place while it copies slices of a stacked cache."""
+    return "stacked" if enabled("torch_decoder") else "split"
+
+
+def fused_adam():
+    """The module of the ``fused_adam`` fast path where it applies, else
+    None."""
+    if not enabled("fused_adam"):
+        return None
+    from keras_transformer.backends import adam
+
+    return adam
+
+
+def smoothed_cross_entropy_function():
+    """``fn(labels, logits, eps)`` of the ``fused_loss`` fast path where
+    it applies, else None."""
+    if not enabled("fused_loss"):
+        return None
+    from keras_transformer.backends import losses
+
+    return losses.smoothed_cross_entropy
+
+
+from keras_transformer.backends.compile import (  # noqa: E402
+    compile_search,
+    search_rows,
+)
+from keras_transformer.backends.rng import (  # noqa: E402
+    global_rng_state,
+    set_global_rng_state,
+)
+
+__all__ = [
+    "FAST_PATHS",
+    "FastPath",
+    "broadcast_attention_masks",
+    "cached_decoder",
+    "compile_search",
+    "default_cache_layout",
+    "disabled",
+    "dropout_function",
+    "enabled",
+    "fused_adam",
+    "global_rng_state",
+    "search_rows",
+    "set_global_rng_state",
+    "smoothed_cross_entropy_function",
+]
