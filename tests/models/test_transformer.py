@@ -377,10 +377,11 @@ def test_fast_decoder_decodes_as_the_model(shapes, chunks, normalize_first):
     np.testing.assert_allclose(
         to_numpy(cache["self_attention"]),
         to_numpy(expected_cache["self_attention"]),
-        # Keys and values of up to about 6 after a layer or two: a few
-        # float32 ulps apart where the kernels sum in other orders.
-        atol=1e-6,
-        rtol=1e-6,
+        # As the logits: keys and values of up to about 6 after a layer
+        # or two differ by float32 rounding where the kernels sum in
+        # other orders (up to 2e-6 seen, as large before the seam).
+        atol=1e-5,
+        rtol=1e-5,
     )
 
 
