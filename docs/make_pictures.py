@@ -1,4 +1,4 @@
-"""Draws the README's pictures: ``docs/attention.png`` and
+"""Draws the pictures of the docs: ``docs/attention.png`` and
 ``docs/training.png``.
 
 With ``--model``, the attention of a saved translator (a training run's
