@@ -4,6 +4,7 @@ cached decoder one step at a time, compiled once per bucket of shapes."""
 import dataclasses
 import functools
 import math
+import typing
 
 import keras
 import numpy as np
@@ -78,9 +79,51 @@ def _strip(ids, length, end_id):
     return ids
 
 
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {choices}.")
+@dataclasses.dataclass(frozen=True)
+class SearchKey:
+    """What a compiled search is specialized on: the settings that change
+    shapes or the program. The others are `SearchParams`, arguments of
+    the compiled function, so that changing them compiles nothing."""
+
+    method: str  # "greedy", "beam" or "sample"
+    use_cache: bool  # the key/value cache, or a full decoder re-run
+    batch_size: int  # sources, padded to a bucket (`bucket_batch`)
+    max_length: int  # the output buffer's length
+    copies: int  # rows per source: the beam size, or samples
+    top_k: int  # sampling's top-k filter; 0 is off
+    top_p: bool  # sampling's nucleus filter is on
+    length_penalty_style: str  # "gnmt" or "hf"
+    early_stopping: bool | str  # the "hf" beam search's stopping rule
+    force_end: bool  # a source's last allowed token is the end token
+    renormalize: bool  # log-softmax again after banning tokens
+
+
+class SearchParams(typing.NamedTuple):
+    """The runtime arguments of a compiled search, scalar tensors."""
+
+    alpha: typing.Any  # () float32, the length penalty's exponent
+    num_return_sequences: typing.Any  # () int32, of a beam search
+    temperature: typing.Any  # () float32, of sampling
+    top_p: typing.Any  # () float32, of sampling
+
+
+@dataclasses.dataclass
+class PaddedBatch:
+    """Sources padded to their buckets, and the output buffer's length.
+
+    Filler sources beyond ``num_rows`` are a lone end token with a limit
+    of one token: they finish after one step."""
+
+    ids: np.ndarray  # (batch_bucket, source_bucket) int32
+    mask: np.ndarray  # (batch_bucket, source_bucket) int32
+    row_limits: np.ndarray  # (batch_bucket,) int32, tokens per source
+    num_rows: int  # the real sources
+    buffer_length: int  # the most tokens any source may generate
+
+
+def _repeat(x, copies):
+    """Each row ``copies`` times, next to each other."""
+    return ops.repeat(x, copies, axis=0) if copies > 1 else x
 
 
 class Generator:
@@ -89,8 +132,9 @@ class Generator:
     The encoder runs once per batch; the decoder runs one token at a time
     with the model's key/value cache (`Transformer.init_cache`), whose
     cross-attention keys and values are computed once. The whole search is
-    one compiled function per bucket of shapes (see `compile.py`),
-    cached, so repeated calls do not recompile.
+    one compiled function per bucket of shapes
+    (`keras_transformer.backends.compile_search`), cached, so repeated
+    calls do not recompile.
 
     Args:
         model: a `keras_transformer.Transformer`.
@@ -130,11 +174,12 @@ class Generator:
         self.jit_compile = jit_compile
         if cache_layout is None:
             cache_layout = backends.default_cache_layout()
-        _check_choice("cache_layout", cache_layout, CACHE_LAYOUTS)
+        search.check_choice("cache_layout", cache_layout, CACHE_LAYOUTS)
         self.cache_layout = cache_layout
         self.vocabulary_size = (
             model.target_vocabulary_size or model.vocabulary_size
         )
+        # SearchKey -> compiled search.
         self._functions = {}
 
     # --- the compiled search
@@ -181,108 +226,95 @@ class Generator:
         )
         return logits[:, 0, :], cache
 
-    def _build(self, key):
-        (
-            method,
-            use_cache,
-            batch_size,
-            max_length,
-            copies,
-            top_k,
-            top_p,
-            style,
-            early_stopping,
-            force_end,
-            renormalize,
-        ) = key
+    def _decoder(self, key, source_ids, source_mask):
+        """``(step_fn, cache, constants)`` of a search (see `search.py`):
+        the sources encoded once, each repeated for its ``key.copies``
+        rows."""
         model = self.model
-        rows = batch_size * copies
+        encoded = model.encode(source_ids, source_mask)
+        if not key.use_cache:
+            constants = {
+                "encoder_output": _repeat(encoded, key.copies),
+                "encoder_padding_mask": _repeat(source_mask, key.copies),
+            }
+            return self._full_step, {}, constants
+        full_cache = model.init_cache(
+            encoded, key.max_length, stacked=self.cache_layout == "stacked"
+        )
+        rows = key.batch_size * key.copies
+        # Zeros of their own for every row (not a repeat, which may be a
+        # broadcast view): torch decoding writes into them.
+        cache = {
+            "self_attention": keras.tree.map_structure(
+                lambda zeros: ops.zeros(
+                    (rows,) + tuple(zeros.shape[1:]), zeros.dtype
+                ),
+                full_cache["self_attention"],
+            )
+        }
+        constants = {
+            "cross_attention": keras.tree.map_structure(
+                lambda x: _repeat(x, key.copies),
+                full_cache["cross_attention"],
+            ),
+            "encoder_padding_mask": _repeat(source_mask, key.copies),
+        }
+        # The model's decoder step, or a backend's fast path for it,
+        # chosen once per search.
+        decode = backends.cached_decoder(model, self.cache_layout)
+        step_fn = functools.partial(self._cached_step, decode or model.decode)
+        return step_fn, cache, constants
+
+    def _build(self, key):
+        """The compiled search for ``key``: ``fn(source_ids, source_mask,
+        row_max_lengths, uniform, params) -> search.Hypotheses``."""
         banned = search.banned_logits(self.vocabulary_size, self.banned_ids)
 
         def run(source_ids, source_mask, row_max_lengths, uniform, params):
-            def repeat(x):
-                return ops.repeat(x, copies, axis=0) if copies > 1 else x
-
-            encoded = model.encode(source_ids, source_mask)
-            if use_cache:
-                full_cache = model.init_cache(
-                    encoded,
-                    max_length,
-                    stacked=self.cache_layout == "stacked",
-                )
-                # Zeros of their own for every row (not a repeat, which
-                # may be a broadcast view): torch decoding writes into
-                # them.
-                cache = {
-                    "self_attention": keras.tree.map_structure(
-                        lambda zeros: ops.zeros(
-                            (rows,) + tuple(zeros.shape[1:]), zeros.dtype
-                        ),
-                        full_cache["self_attention"],
-                    )
-                }
-                constants = {
-                    "cross_attention": keras.tree.map_structure(
-                        repeat, full_cache["cross_attention"]
-                    ),
-                    "encoder_padding_mask": repeat(source_mask),
-                }
-                # The model's decoder step, or a backend's fast path for
-                # it, chosen once per search.
-                decode = (
-                    backends.cached_decoder(model, self.cache_layout)
-                    or model.decode
-                )
-                step_fn = functools.partial(self._cached_step, decode)
-            else:
-                cache = {}
-                constants = {
-                    "encoder_output": repeat(encoded),
-                    "encoder_padding_mask": repeat(source_mask),
-                }
-                step_fn = self._full_step
-            common = {
-                "step_fn": step_fn,
-                "cache": cache,
-                "constants": constants,
-                "max_length": max_length,
-                "start_id": self.start_id,
-                "end_id": self.end_id,
-                "pad_id": self.pad_id,
-                "banned": banned,
-                "alpha": params["alpha"],
-                "force_end": force_end,
-                "renormalize": renormalize,
-            }
-            if method == "beam":
+            step_fn, cache, constants = self._decoder(
+                key, source_ids, source_mask
+            )
+            common = dict(
+                step_fn=step_fn,
+                cache=cache,
+                constants=constants,
+                max_length=key.max_length,
+                start_id=self.start_id,
+                end_id=self.end_id,
+                pad_id=self.pad_id,
+                banned=banned,
+                alpha=params.alpha,
+                length_penalty_style=key.length_penalty_style,
+                force_end=key.force_end,
+                renormalize=key.renormalize,
+            )
+            if key.method == "beam":
                 return search.beam_search(
-                    batch_size=batch_size,
-                    beam_size=copies,
+                    batch_size=key.batch_size,
+                    beam_size=key.copies,
                     row_max_lengths=row_max_lengths,
-                    num_return_sequences=params["num_return_sequences"],
-                    length_penalty_style=style,
-                    early_stopping=early_stopping,
+                    num_return_sequences=params.num_return_sequences,
+                    early_stopping=key.early_stopping,
                     **common,
                 )
             outputs = search.greedy_search(
-                batch_size=rows,
-                row_max_lengths=repeat(row_max_lengths),
+                batch_size=key.batch_size * key.copies,
+                row_max_lengths=_repeat(row_max_lengths, key.copies),
                 uniform=uniform,
-                temperature=params["temperature"],
-                top_k=top_k,
-                top_p=params["top_p"] if top_p else None,
-                length_penalty_style=style,
+                temperature=params.temperature,
+                top_k=key.top_k,
+                top_p=params.top_p if key.top_p else None,
                 **common,
             )
             # (batch * n, 1, ...) -> (batch, n, ...)
-            return {
-                name: ops.reshape(
-                    value, (batch_size, copies) + tuple(value.shape[2:])
-                )
-                for name, value in outputs.items()
-            }
+            return keras.tree.map_structure(
+                lambda value: ops.reshape(
+                    value, (key.batch_size, key.copies) + tuple(value.shape[2:])
+                ),
+                outputs,
+            )
 
-        return backends.compile_search(run, model, jit_compile=self.jit_compile)
+        return backends.compile_search(run, self.model, self.jit_compile)
 
     # --- the public entry point
 
@@ -333,7 +365,7 @@ class Generator:
                 tested and timed against.
             length_penalty_style: ``"gnmt"`` (the paper's beam search) or
                 ``"hf"``: Hugging Face ``transformers``' beam search and
-                penalty ``|Y| ** alpha`` (`search.hf_beam_search`), to
+                penalty ``|Y| ** alpha`` (`search.HuggingFaceRule`), to
                 reproduce the outputs of converted models.
             early_stopping: with ``"hf"``, its stopping rule: False (the
                 ``transformers`` default), True or ``"never"``.
@@ -345,7 +377,75 @@ class Generator:
         Returns:
             A `SearchResult`.
         """
-        _check_choice("method", method, METHODS)
+        search.check_choice("method", method, METHODS)
+        ids, mask = self._check_sources(encoder_token_ids, encoder_padding_mask)
+        beam_size = int(beam_size)
+        n = int(num_return_sequences)
+        _check_settings(
+            method,
+            beam_size,
+            n,
+            length_penalty,
+            length_penalty_style,
+            early_stopping,
+            temperature,
+            top_k,
+            top_p,
+        )
+        copies = {"beam": beam_size, "greedy": 1}.get(method, n)
+        batch = self._pad(
+            ids, mask, copies, use_cache, max_length, max_length_offset
+        )
+        sampling = method == "sample"
+        key = SearchKey(
+            method=method,
+            use_cache=bool(use_cache),
+            batch_size=batch.ids.shape[0],
+            max_length=batch.buffer_length,
+            copies=copies,
+            top_k=int(top_k) if sampling else 0,
+            top_p=sampling and top_p < 1.0,
+            length_penalty_style=length_penalty_style,
+            early_stopping=early_stopping,
+            force_end=bool(force_end_token),
+            renormalize=bool(renormalize),
+        )
+        params = SearchParams(
+            alpha=ops.convert_to_tensor(np.float32(length_penalty)),
+            num_return_sequences=ops.convert_to_tensor(np.int32(n)),
+            temperature=ops.convert_to_tensor(np.float32(temperature)),
+            top_p=ops.convert_to_tensor(np.float32(top_p)),
+        )
+        uniform = None
+        if sampling:
+            uniform = ops.convert_to_tensor(
+                self._uniform(
+                    seed, key.max_length, batch.num_rows, key.batch_size, n
+                )
+            )
+        function = self._functions.get(key)
+        if function is None:
+            function = self._functions[key] = self._build(key)
+        outputs = function(
+            ops.convert_to_tensor(batch.ids),
+            ops.convert_to_tensor(batch.mask),
+            ops.convert_to_tensor(batch.row_limits),
+            uniform,
+            params,
+        )
+        token_ids, lengths, log_probs, scores = (
+            ops.convert_to_numpy(value)[: batch.num_rows, :n]
+            for value in outputs
+        )
+        return SearchResult(
+            token_ids=token_ids.astype("int32"),
+            lengths=lengths.astype("int32"),
+            log_probs=log_probs.astype("float32"),
+            scores=scores.astype("float32"),
+        )
+
+    def _check_sources(self, encoder_token_ids, encoder_padding_mask):
+        """The sources and their mask as int32 arrays, checked."""
         ids = np.asarray(encoder_token_ids)
         if ids.ndim != 2:
             raise ValueError(
@@ -366,70 +466,26 @@ class Generator:
                     f"encoder_padding_mask has shape {mask.shape} but "
                     f"encoder_token_ids has shape {ids.shape}."
                 )
-        num_rows = ids.shape[0]
-        source_lengths = mask.sum(axis=1)
         limit = self.model.max_sequence_length
-        longest = int(source_lengths.max(initial=0))
+        longest = int(mask.sum(axis=1).max(initial=0))
         if longest > limit:
             raise ValueError(
                 f"A source has {longest} tokens, more than the model's "
                 f"max_sequence_length={limit}. Truncate the sources."
             )
-        beam_size = int(beam_size)
-        num_return_sequences = int(num_return_sequences)
-        if beam_size < 1:
-            raise ValueError(f"beam_size={beam_size} must be at least 1.")
-        if method == "beam" and num_return_sequences > beam_size:
-            raise ValueError(
-                f"num_return_sequences={num_return_sequences} must be at "
-                f"most beam_size={beam_size}."
-            )
-        if method == "greedy" and num_return_sequences != 1:
-            raise ValueError(
-                "Greedy search returns one sequence per source; got "
-                f"num_return_sequences={num_return_sequences}. Use "
-                'method="beam" or method="sample" for more.'
-            )
-        if num_return_sequences < 1:
-            raise ValueError(
-                f"num_return_sequences={num_return_sequences} must be at "
-                "least 1."
-            )
-        _check_choice(
-            "length_penalty_style",
-            length_penalty_style,
-            search.LENGTH_PENALTY_STYLES,
-        )
-        _check_choice("early_stopping", early_stopping, search.EARLY_STOPPING)
-        if length_penalty < 0 and length_penalty_style == "gnmt":
-            raise ValueError(
-                f"length_penalty={length_penalty} must be >= 0 (0.6 in "
-                "the paper; 0 disables it)."
-            )
-        if method == "sample":
-            if temperature <= 0:
-                raise ValueError(
-                    f"temperature={temperature} must be > 0; use "
-                    'method="greedy" for the argmax.'
-                )
-            if not 0 < top_p <= 1:
-                raise ValueError(f"top_p={top_p} must be in (0, 1].")
-            if top_k < 0:
-                raise ValueError(f"top_k={top_k} must be >= 0.")
+        return ids, mask
 
-        # --- shapes: bucketed so that compilation happens rarely
-        source_bucket = bucket_length(max(longest, 1), limit)
-        rows_per_source = {"beam": beam_size, "greedy": 1}.get(
-            method, num_return_sequences
+    def _pad(self, ids, mask, copies, use_cache, max_length, max_length_offset):
+        """The sources padded to their buckets, so that compilation
+        happens rarely, with each source's limit on generated tokens."""
+        num_rows = ids.shape[0]
+        source_lengths = mask.sum(axis=1)
+        limit = self.model.max_sequence_length
+        source_bucket = bucket_length(
+            max(int(source_lengths.max(initial=0)), 1), limit
         )
-        batch_bucket = bucket_batch(
-            max(
-                num_rows,
-                backends.search_rows(
-                    rows_per_source, use_cache, self.jit_compile
-                ),
-            )
-        )
+        fewest = backends.search_rows(copies, use_cache, self.jit_compile)
+        batch_bucket = bucket_batch(max(num_rows, fewest))
         if max_length is None:
             if max_length_offset < 1:
                 raise ValueError(
@@ -446,7 +502,6 @@ class Generator:
                 )
             buffer_length = max_length
             row_limits = np.full((num_rows,), max_length)
-
         padded_ids = np.full(
             (batch_bucket, source_bucket), self.pad_id, "int32"
         )
@@ -459,60 +514,8 @@ class Generator:
         padded_mask[num_rows:, 0] = 1
         padded_limits = np.ones((batch_bucket,), "int32")
         padded_limits[:num_rows] = row_limits
-
-        uniform = None
-        if method == "sample":
-            uniform = self._uniform(
-                seed,
-                buffer_length,
-                num_rows,
-                batch_bucket,
-                num_return_sequences,
-            )
-            uniform = ops.convert_to_tensor(uniform)
-        # Settings that change shapes or the program are compile keys;
-        # the others are runtime arguments, so changing them is free.
-        sampling = method == "sample"
-        key = (
-            method,
-            bool(use_cache),
-            batch_bucket,
-            buffer_length,
-            rows_per_source,
-            int(top_k) if sampling else 0,
-            sampling and top_p < 1.0,
-            length_penalty_style,
-            early_stopping,
-            bool(force_end_token),
-            bool(renormalize),
-        )
-        params = {
-            "alpha": np.float32(length_penalty),
-            "num_return_sequences": np.int32(num_return_sequences),
-            "temperature": np.float32(temperature),
-            "top_p": np.float32(top_p),
-        }
-        params = {k: ops.convert_to_tensor(v) for k, v in params.items()}
-        function = self._functions.get(key)
-        if function is None:
-            function = self._functions[key] = self._build(key)
-        outputs = function(
-            ops.convert_to_tensor(padded_ids),
-            ops.convert_to_tensor(padded_mask),
-            ops.convert_to_tensor(padded_limits),
-            uniform,
-            params,
-        )
-        n = num_return_sequences
-        outputs = {
-            name: ops.convert_to_numpy(value)[:num_rows, :n]
-            for name, value in outputs.items()
-        }
-        return SearchResult(
-            token_ids=outputs["token_ids"].astype("int32"),
-            lengths=outputs["lengths"].astype("int32"),
-            log_probs=outputs["log_probs"].astype("float32"),
-            scores=outputs["scores"].astype("float32"),
+        return PaddedBatch(
+            padded_ids, padded_mask, padded_limits, num_rows, buffer_length
         )
 
     # --- scoring
@@ -568,16 +571,42 @@ class Generator:
         positions = np.arange(targets.shape[1])[None, :]
         total = np.where(positions < lengths[:, None], token_log_probs, 0.0)
         total = total.sum(axis=1)
-        _check_choice(
-            "length_penalty_style",
-            length_penalty_style,
-            search.LENGTH_PENALTY_STYLES,
+        penalty = search.length_penalty(
+            lengths, length_penalty, length_penalty_style
         )
-        if length_penalty_style == "hf":
-            penalty = lengths.astype("float64") ** float(length_penalty)
-        else:
-            penalty = ((5.0 + lengths) / 6.0) ** float(length_penalty)
+        penalty = ops.convert_to_numpy(penalty).astype("float64")
         return total, lengths, total / penalty
+
+
+def _check_settings(
+    method,
+    beam_size,
+    num_return_sequences,
+    length_penalty,
+    length_penalty_style,
+    early_stopping,
+    temperature,
+    top_k,
+    top_p,
+):
+    """Raises a ValueError naming the first setting `generate` cannot
+    search with."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size} must be at least 1.")
+    search.check_num_return_sequences(num_return_sequences, method, beam_size)
+    search.check_length_penalty(length_penalty, length_penalty_style)
+    search.check_choice("early_stopping", early_stopping, search.EARLY_STOPPING)
+    if method != "sample":
+        return
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature={temperature} must be > 0; use "
+            'method="greedy" for the argmax.'
+        )
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in (0, 1].")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k} must be >= 0.")
 
 
 def hypothesis_lengths(token_ids, end_id=3, pad_id=0):

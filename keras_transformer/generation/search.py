@@ -6,7 +6,9 @@ cached decoder, a full re-run of the model (the reference the cache is
 tested against) and the toy Markov models of the unit tests. Everything is
 written with `keras.ops` on tensors whose shapes never change inside the
 loop, so the loop compiles under `jax.jit` and `tf.function` (see
-`compile.py`) and runs as a plain loop on torch.
+`keras_transformer.backends.compile_search`) and runs as a plain loop on
+torch. The loop state is a `typing.NamedTuple` (`GreedyState`,
+`BeamState`), which every backend's loop carries as a nested structure.
 
 ``step_fn(sequences, index, cache, constants) -> (logits, cache)``:
 
@@ -22,7 +24,7 @@ loop, so the loop compiles under `jax.jit` and `tf.function` (see
   returns.
 - ``constants``: a dict of tensors passed through unchanged.
 
-Conventions shared by all three searches:
+Conventions shared by all the searches:
 
 - A hypothesis's length ``|Y|`` counts its generated tokens *including*
   the end token; a hypothesis cut at its maximum length has no end token
@@ -34,8 +36,11 @@ Conventions shared by all three searches:
 - ``scores`` are ``log_probs / length_penalty(|Y|, alpha)`` with the GNMT
   penalty ``((5 + |Y|) / 6) ** alpha`` (Wu et al., 2016, section 7), or,
   with ``length_penalty_style="hf"``, ``log_probs / |Y| ** alpha``, the
-  penalty of Hugging Face ``transformers`` (see `hf_beam_search`).
+  penalty of Hugging Face ``transformers``.
 """
+
+import numbers
+import typing
 
 import keras
 import numpy as np
@@ -49,35 +54,91 @@ EARLY_STOPPING = (False, True, "never")
 _HF_LARGE = 1.0e9
 
 
+def check_choice(name, value, choices):
+    """Raises a ValueError naming ``value`` and the ``choices`` when it is
+    not one of them."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}.")
+
+
+def check_num_return_sequences(num_return_sequences, method, beam_size):
+    """Raises a ValueError when a search of ``method`` cannot return
+    ``num_return_sequences`` hypotheses per source: greedy search returns
+    one, beam search at most ``beam_size``, sampling any number."""
+    n = num_return_sequences
+    if int(n) != n or n < 1:
+        raise ValueError(
+            f"num_return_sequences={n} must be a positive integer."
+        )
+    if method == "greedy" and n != 1:
+        raise ValueError(
+            "Greedy search returns one sequence per source; got "
+            f'num_return_sequences={n}. Use method="beam" or '
+            'method="sample" for more.'
+        )
+    if method == "beam" and n > beam_size:
+        raise ValueError(
+            f"num_return_sequences={n} must be at most beam_size={beam_size}."
+        )
+
+
+def check_length_penalty(alpha, style):
+    """Raises a ValueError for an unknown ``style``, or for a negative
+    ``alpha`` (a number) with the GNMT penalty: the paper's beam search
+    stops on the bound that longer hypotheses never score higher."""
+    check_choice("length_penalty_style", style, LENGTH_PENALTY_STYLES)
+    if style == "gnmt" and isinstance(alpha, numbers.Real) and alpha < 0:
+        raise ValueError(
+            f"length_penalty={alpha} must be >= 0 (0.6 in the paper; 0 "
+            "disables it): the beam search's stopping rule relies on "
+            "longer hypotheses never being favoured by less."
+        )
+
+
 def length_penalty(length, alpha, style="gnmt"):
     """The length penalty a hypothesis's log-probability is divided by.
 
     Args:
-        length: ``|Y|``, a number or a tensor, counting the end token.
+        length: ``|Y|``, a number, an array or a tensor, counting the end
+            token.
         alpha: 0 disables the penalty; the paper uses 0.6 (section 6.1).
         style: ``"gnmt"``, ``((5 + length) / 6) ** alpha`` (Wu et al.,
             2016), or ``"hf"``, ``length ** alpha`` (Hugging Face
             ``transformers``, whose default alpha is 1).
+
+    Returns:
+        A float32 tensor shaped like ``length``.
     """
-    if style not in LENGTH_PENALTY_STYLES:
-        raise ValueError(
-            f"length_penalty_style={style!r} is not one of "
-            f"{LENGTH_PENALTY_STYLES}."
-        )
+    check_choice("length_penalty_style", style, LENGTH_PENALTY_STYLES)
     length = ops.cast(length, "float32")
     if style == "hf":
         return ops.power(length, ops.cast(alpha, "float32"))
     return ops.power((5.0 + length) / 6.0, ops.cast(alpha, "float32"))
 
 
+class Hypotheses(typing.NamedTuple):
+    """What a search returns: the hypotheses of each source, best first
+    (unused places of a beam search score -inf)."""
+
+    token_ids: typing.Any  # (batch, n, max_length) int32, padding after
+    lengths: typing.Any  # (batch, n) int32, |Y| with the end token
+    log_probs: typing.Any  # (batch, n) float32, the model's own
+    scores: typing.Any  # (batch, n) float32, log_probs / length penalty
+
+
+# --- one step's token rules
+
+
 def _process_log_probs(
     logits, banned, index, row_max_lengths, end_id, force_end, renormalize
 ):
-    """Log-probabilities after the token rules of Hugging Face's
-    processors: banned tokens get -inf; with ``force_end`` a row's last
-    allowed step may only emit the end token (log-probability 0); with
-    ``renormalize`` the result is log-softmaxed again."""
-    log_probs = _log_softmax(logits, banned)
+    """Log-probabilities of the full softmax with banned tokens at -inf;
+    then the token rules of Hugging Face's processors: with ``force_end``
+    a row's last allowed step may only emit the end token
+    (log-probability 0); with ``renormalize`` the result is log-softmaxed
+    again."""
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    log_probs = log_probs + banned
     if force_end:
         vocabulary_size = log_probs.shape[-1]
         is_end = ops.arange(vocabulary_size, dtype="int32") == end_id
@@ -87,12 +148,6 @@ def _process_log_probs(
     if renormalize:
         log_probs = ops.log_softmax(log_probs, axis=-1)
     return log_probs
-
-
-def _log_softmax(logits, banned):
-    """Log-probabilities of the full softmax; banned tokens get -inf."""
-    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-    return log_probs + banned
 
 
 def _write_column(sequences, index, column):
@@ -136,6 +191,19 @@ def _sample_tokens(logits, uniform):
     target = uniform[:, None] * cdf[:, -1:]
     token = ops.sum(ops.cast(cdf < target, "int32"), axis=-1)
     return ops.minimum(token, logits.shape[-1] - 1)
+
+
+# --- greedy search and sampling
+
+
+class GreedyState(typing.NamedTuple):
+    """The loop state of `greedy_search`."""
+
+    sequences: typing.Any  # (rows, max_length + 1) int32
+    cache: typing.Any  # step_fn's cache, leaves (rows, ...)
+    log_probs: typing.Any  # (rows,) float32
+    lengths: typing.Any  # (rows,) int32
+    finished: typing.Any  # (rows,) bool
 
 
 def greedy_search(
@@ -183,73 +251,116 @@ def greedy_search(
             log-probabilities, not the argmax.
 
     Returns:
-        A dict with ``"token_ids"`` ``(batch, 1, max_length)`` (padding
-        after the end), ``"lengths"``, ``"log_probs"`` and ``"scores"``,
-        each ``(batch, 1)``.
+        `Hypotheses` with ``n = 1``.
     """
-    sequences = ops.concatenate(
-        [
-            ops.full((batch_size, 1), start_id, "int32"),
-            ops.full((batch_size, max_length), pad_id, "int32"),
-        ],
-        axis=1,
-    )
     row_max_lengths = ops.cast(row_max_lengths, "int32")
-    log_probs = ops.zeros((batch_size,), "float32")
-    lengths = ops.zeros((batch_size,), "int32")
-    finished = ops.zeros((batch_size,), "bool")
 
-    def cond(index, sequences, cache, log_probs, lengths, finished):
-        return ops.logical_not(ops.all(finished))
-
-    def body(index, sequences, cache, log_probs, lengths, finished):
-        logits, cache = step_fn(sequences, index, cache, constants)
-        if force_end or renormalize:
-            step_log_probs = _process_log_probs(
-                logits,
-                banned,
-                index,
-                row_max_lengths,
-                end_id,
-                force_end,
-                renormalize,
-            )
-        else:
-            step_log_probs = _log_softmax(logits, banned)
+    def choose(index, logits, step_log_probs):
         if uniform is None:
-            token = ops.cast(ops.argmax(step_log_probs, axis=-1), "int32")
-        else:
-            allowed = step_log_probs if force_end else logits + banned
-            filtered = _filter_logits(allowed, temperature, top_k, top_p)
-            row_uniform = ops.take(uniform, index, axis=0)
-            token = _sample_tokens(filtered, row_uniform)
+            return ops.cast(ops.argmax(step_log_probs, axis=-1), "int32")
+        allowed = step_log_probs if force_end else logits + banned
+        filtered = _filter_logits(allowed, temperature, top_k, top_p)
+        return _sample_tokens(filtered, ops.take(uniform, index, axis=0))
+
+    def cond(index, state):
+        return ops.logical_not(ops.all(state.finished))
+
+    def body(index, state):
+        logits, cache = step_fn(state.sequences, index, state.cache, constants)
+        step_log_probs = _process_log_probs(
+            logits,
+            banned,
+            index,
+            row_max_lengths,
+            end_id,
+            force_end,
+            renormalize,
+        )
+        token = choose(index, logits, step_log_probs)
         token_log_prob = ops.take_along_axis(
             step_log_probs, token[:, None], axis=1
         )[:, 0]
+        finished = state.finished
         token = ops.where(finished, pad_id, token)
-        log_probs = ops.where(finished, log_probs, log_probs + token_log_prob)
-        lengths = ops.where(finished, lengths, index + 1)
-        finished = ops.logical_or(
-            finished,
-            ops.logical_or(token == end_id, index + 1 >= row_max_lengths),
+        ended = ops.logical_or(token == end_id, index + 1 >= row_max_lengths)
+        return index + 1, GreedyState(
+            sequences=_write_column(state.sequences, index + 1, token),
+            cache=cache,
+            log_probs=ops.where(
+                finished, state.log_probs, state.log_probs + token_log_prob
+            ),
+            lengths=ops.where(finished, state.lengths, index + 1),
+            finished=ops.logical_or(finished, ended),
         )
-        sequences = _write_column(sequences, index + 1, token)
-        return index + 1, sequences, cache, log_probs, lengths, finished
 
-    index = ops.convert_to_tensor(0, "int32")
-    _, sequences, _, log_probs, lengths, _ = ops.while_loop(
-        cond,
-        body,
-        (index, sequences, cache, log_probs, lengths, finished),
-        maximum_iterations=max_length,
+    state = GreedyState(
+        sequences=_initial_sequences(
+            (batch_size,), max_length, start_id, pad_id
+        ),
+        cache=cache,
+        log_probs=ops.zeros((batch_size,), "float32"),
+        lengths=ops.zeros((batch_size,), "int32"),
+        finished=ops.zeros((batch_size,), "bool"),
     )
-    scores = log_probs / length_penalty(lengths, alpha, length_penalty_style)
-    return {
-        "token_ids": sequences[:, None, 1:],
-        "lengths": lengths[:, None],
-        "log_probs": log_probs[:, None],
-        "scores": scores[:, None],
-    }
+    index = ops.convert_to_tensor(0, "int32")
+    _, state = ops.while_loop(
+        cond, body, (index, state), maximum_iterations=max_length
+    )
+    penalty = length_penalty(state.lengths, alpha, length_penalty_style)
+    return Hypotheses(
+        token_ids=state.sequences[:, None, 1:],
+        lengths=state.lengths[:, None],
+        log_probs=state.log_probs[:, None],
+        scores=(state.log_probs / penalty)[:, None],
+    )
+
+
+def _initial_sequences(shape, max_length, start_id, pad_id):
+    """``shape + (max_length + 1,)``: the start token, then padding."""
+    rank = len(shape)
+    return ops.concatenate(
+        [
+            ops.full(shape + (1,), start_id, "int32"),
+            ops.full(shape + (max_length,), pad_id, "int32"),
+        ],
+        axis=rank,
+    )
+
+
+# --- beam search
+
+
+class Finished(typing.NamedTuple):
+    """The finished hypotheses of a beam search, best score first."""
+
+    sequences: typing.Any  # (batch, beam, max_length + 1) int32
+    log_probs: typing.Any  # (batch, beam) float32
+    lengths: typing.Any  # (batch, beam) int32
+    scores: typing.Any  # (batch, beam) float32
+    filled: typing.Any  # (batch, beam) bool, the place holds a hypothesis
+
+
+class BeamState(typing.NamedTuple):
+    """The loop state of `beam_search` (after flax's examples/wmt
+    ``BeamState``)."""
+
+    alive_sequences: typing.Any  # (batch, beam, max_length + 1) int32
+    alive_log_probs: typing.Any  # (batch, beam) float32, best first
+    cache: typing.Any  # step_fn's cache, leaves (batch * beam, ...)
+    finished: Finished  # the finished set, (batch, beam) places
+    done: typing.Any  # (batch,) bool, the row's finished set takes no more
+    stop: typing.Any  # () bool, the loop ends
+
+
+class Extensions(typing.NamedTuple):
+    """The ``k`` best one-token extensions of a step, best first."""
+
+    log_probs: typing.Any  # (batch, k) float32
+    source_beams: typing.Any  # (batch, k) int32, the hypothesis extended
+    tokens: typing.Any  # (batch, k) int32, the token appended
+    sequences: typing.Any  # (batch, k, max_length + 1) int32
+    length: typing.Any  # () int32, |Y| of every extension
+    ended: typing.Any  # (batch, k) bool, end token or the row's limit
 
 
 def _gather_beams(tensor, indices):
@@ -270,29 +381,13 @@ def _trailing_axes(x, rank):
     return x[(...,) + (None,) * (rank - len(x.shape))]
 
 
-def _initial_sequences(batch_size, beam_size, max_length, start_id, pad_id):
-    """``(batch, beam, max_length + 1)``: the start token, then padding."""
-    return ops.concatenate(
-        [
-            ops.full((batch_size, beam_size, 1), start_id, "int32"),
-            ops.full((batch_size, beam_size, max_length), pad_id, "int32"),
-        ],
-        axis=2,
-    )
-
-
 def _expand(state, step_log_probs, k, index, row_max_lengths, end_id):
-    """The ``k`` best one-token extensions of the alive hypotheses.
-
-    Returns a dict: their ``log_probs`` ``(batch, k)``, ``source_beams``
-    and ``tokens``, the extended ``sequences`` ``(batch, k, L + 1)``, the
-    new ``length`` and ``ended`` (end token, or the row's maximum length).
-    """
-    batch_size, beam_size = state["alive_log_probs"].shape
+    """The ``k`` best one-token extensions of the alive hypotheses."""
+    batch_size, beam_size = state.alive_log_probs.shape
     vocabulary_size = step_log_probs.shape[-1]
     # (batch, beam * V): every extension of every alive hypothesis.
     candidates = ops.reshape(
-        state["alive_log_probs"][:, :, None]
+        state.alive_log_probs[:, :, None]
         + ops.reshape(step_log_probs, (batch_size, beam_size, -1)),
         (batch_size, -1),
     )
@@ -300,20 +395,20 @@ def _expand(state, step_log_probs, k, index, row_max_lengths, end_id):
     indices = ops.cast(indices, "int32")
     source_beams = indices // vocabulary_size
     tokens = indices % vocabulary_size
-    sequences = _gather_beams(state["alive_sequences"], source_beams)
+    sequences = _gather_beams(state.alive_sequences, source_beams)
     length = index + 1
     at_limit = (length >= row_max_lengths)[:, None]
-    return {
-        "log_probs": log_probs,
-        "source_beams": source_beams,
-        "tokens": tokens,
-        "sequences": _write_column(sequences, length, tokens),
-        "length": length,
-        "ended": ops.logical_or(tokens == end_id, at_limit),
-    }
+    return Extensions(
+        log_probs=log_probs,
+        source_beams=source_beams,
+        tokens=tokens,
+        sequences=_write_column(sequences, length, tokens),
+        length=length,
+        ended=ops.logical_or(tokens == end_id, at_limit),
+    )
 
 
-def _select_alive(expanded, alive_candidates, beam_size, cache):
+def _select_alive(extensions, alive_candidates, beam_size, cache):
     """Keeps the ``beam_size`` best of ``alive_candidates`` (the
     extensions' log-probabilities with the ended ones pushed down) and
     reorders the cache rows to follow their parents.
@@ -322,8 +417,8 @@ def _select_alive(expanded, alive_candidates, beam_size, cache):
     """
     log_probs, indices = ops.top_k(alive_candidates, beam_size)
     indices = ops.cast(indices, "int32")
-    sequences = _gather_beams(expanded["sequences"], indices)
-    parents = ops.take_along_axis(expanded["source_beams"], indices, axis=1)
+    sequences = _gather_beams(extensions.sequences, indices)
+    parents = ops.take_along_axis(extensions.source_beams, indices, axis=1)
     batch_size = parents.shape[0]
     offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
     parents = ops.reshape(parents + offsets, (batch_size * beam_size,))
@@ -333,40 +428,164 @@ def _select_alive(expanded, alive_candidates, beam_size, cache):
     return log_probs, sequences, cache
 
 
-def _merge_finished(state, expanded, candidate_scores, extra=None):
-    """Keeps the best of the finished set and the candidates by score (a
-    candidate that must not enter has a score of -inf or very low).
-    ``extra`` maps further per-hypothesis state keys to the candidates'
-    values. Returns the new finished state, a dict."""
-    beam_size = state["finished_scores"].shape[1]
-    merged_scores = ops.concatenate(
-        [state["finished_scores"], candidate_scores], axis=1
-    )
+def _merge_finished(finished, extensions, scores, filled):
+    """The best of the finished set and the extensions by score (an
+    extension that must not enter scores -inf or very low)."""
+    beam_size = finished.scores.shape[1]
+    merged_scores = ops.concatenate([finished.scores, scores], axis=1)
     new_scores, kept = ops.top_k(merged_scores, beam_size)
     kept = ops.cast(kept, "int32")
-    candidates = {
-        "finished_sequences": expanded["sequences"],
-        "finished_log_probs": expanded["log_probs"],
-        "finished_lengths": ops.broadcast_to(
-            expanded["length"], ops.shape(expanded["tokens"])
-        ),
-        **(extra or {}),
-    }
-    new_state = {
-        key: _gather_beams(ops.concatenate([state[key], value], axis=1), kept)
-        for key, value in candidates.items()
-    }
-    new_state["finished_scores"] = new_scores
-    return new_state
+
+    def merge(old, new):
+        return _gather_beams(ops.concatenate([old, new], axis=1), kept)
+
+    lengths = ops.broadcast_to(extensions.length, ops.shape(extensions.tokens))
+    return Finished(
+        sequences=merge(finished.sequences, extensions.sequences),
+        log_probs=merge(finished.log_probs, extensions.log_probs),
+        lengths=merge(finished.lengths, lengths),
+        scores=new_scores,
+        filled=merge(finished.filled, filled),
+    )
 
 
-def _search_outputs(state, n):
-    return {
-        "token_ids": state["finished_sequences"][:, :n, 1:],
-        "lengths": state["finished_lengths"][:, :n],
-        "log_probs": state["finished_log_probs"][:, :n],
-        "scores": state["finished_scores"][:, :n],
-    }
+class GnmtRule:
+    """The finished set and stopping rule of the paper's beam search
+    (Vaswani et al., 2017, section 6.1; Wu et al., 2016, section 7).
+
+    Each step keeps the ``beam_size`` best extensions; those that ended
+    enter the finished set, where they compete by score for ``beam_size``
+    places; the others stay alive, so the beam may hold fewer live
+    hypotheses until the next step refills it. With ``alpha >= 0``
+    log-probabilities only fall as a hypothesis grows, so no alive
+    hypothesis can score above its log-probability divided by the
+    penalty at the row's maximum length: a row is done when its n-th
+    best finished score reaches that bound, or when nothing is left
+    alive. A done row's finished set is frozen, so its result does not
+    depend on the other rows of the batch.
+    """
+
+    style = "gnmt"
+    width = 1  # extensions kept per beam and step
+    excluded = NEG_INF  # the score of a hypothesis that may not compete
+
+    def __init__(self, alpha, row_max_lengths, num_return_sequences):
+        check_length_penalty(alpha, self.style)
+        self.n = num_return_sequences
+        # The best score an alive hypothesis can still reach, per row.
+        self.best_penalty = length_penalty(row_max_lengths, alpha)
+
+    @staticmethod
+    def exclude(values, mask):
+        """``values`` with those under ``mask`` out of the competition."""
+        return ops.where(mask, NEG_INF, values)
+
+    def admit(self, state, extensions, scores):
+        """The extensions' scores for the finished set, and which fill a
+        place: every extension that ended."""
+        ended = extensions.ended
+        return self.exclude(scores, ops.logical_not(ended)), ended
+
+    def settle(self, state, finished, alive_log_probs, extensions):
+        """The finished set (frozen in done rows), ``done`` and ``stop``."""
+        finished = keras.tree.map_structure(
+            lambda old, new: ops.where(
+                _trailing_axes(state.done, len(new.shape)), old, new
+            ),
+            state.finished,
+            finished,
+        )
+        best_alive = alive_log_probs[:, 0]
+        if isinstance(self.n, int):
+            nth_best = finished.scores[:, self.n - 1]
+        else:
+            nth_best = ops.take(finished.scores, self.n - 1, axis=1)
+        done = ops.logical_or(
+            state.done,
+            ops.logical_or(
+                nth_best >= best_alive / self.best_penalty,
+                best_alive == NEG_INF,
+            ),
+        )
+        return finished, done, ops.all(done)
+
+
+class HuggingFaceRule:
+    """The finished set and stopping rule of Hugging Face
+    ``transformers``' ``generate(num_beams=k)``, reproduced step for step
+    so that a converted model (an OPUS-MT checkpoint, see
+    `keras_transformer.marian`) gives the same outputs:
+
+    - each step keeps the ``2 k`` best extensions; the ``k`` best of them
+      that did not end stay alive, so the beam never shrinks;
+    - an extension that ended enters the finished set only if it is
+      among the ``k`` best of the ``2 k``;
+    - a row is done (admits no more hypotheses) when its finished set is
+      full and the best alive hypothesis, divided by the penalty at its
+      current length (``early_stopping=False``) or at the row's maximum
+      length (``"never"`` with ``alpha > 0``), would not beat the worst
+      finished one; with ``early_stopping=True`` a full set admits none;
+    - the loop stops when every row is done (with ``early_stopping=True``,
+      full), or when every kept extension of every row ended.
+
+    ``alpha`` may be any number (negative favours shorter outputs).
+    """
+
+    style = "hf"
+    width = 2  # extensions kept per beam and step
+    excluded = -_HF_LARGE  # the score of a hypothesis that may not compete
+
+    def __init__(self, alpha, row_max_lengths, beam_size, early_stopping):
+        check_choice("early_stopping", early_stopping, EARLY_STOPPING)
+        self.alpha = ops.cast(alpha, "float32")
+        self.early_stopping = early_stopping
+        self.best_lengths = (
+            row_max_lengths if early_stopping == "never" else None
+        )
+        # (1, 2 k): the k best of the 2 k extensions.
+        self.top = ops.convert_to_tensor(
+            [True] * beam_size + [False] * beam_size
+        )[None, :]
+
+    @staticmethod
+    def exclude(values, mask):
+        """``values`` with those under ``mask`` pushed down by a large
+        number, as ``transformers`` does (not to -inf: its ties and
+        orderings depend on it)."""
+        return values - ops.cast(mask, "float32") * _HF_LARGE
+
+    def admit(self, state, extensions, scores):
+        """The extensions' scores for the finished set, and which fill a
+        place: those that ended among the k best."""
+        if self.early_stopping is True:
+            full = ops.all(state.finished.filled, axis=1, keepdims=True)
+            scores = self.exclude(scores, full)
+        scores = self.exclude(scores, state.done[:, None])
+        just_finished = ops.logical_and(extensions.ended, self.top)
+        scores = self.exclude(scores, ops.logical_not(just_finished))
+        return scores, just_finished
+
+    def settle(self, state, finished, alive_log_probs, extensions):
+        """The finished set, ``done`` and ``stop``."""
+        lengths = extensions.length
+        if self.best_lengths is not None:
+            lengths = ops.where(
+                self.alpha > 0,
+                ops.cast(self.best_lengths, "float32"),
+                ops.cast(lengths, "float32"),
+            )
+        best_alive = alive_log_probs[:, 0] / length_penalty(
+            lengths, self.alpha, "hf"
+        )
+        worst = ops.min(finished.scores, axis=1, keepdims=True)
+        worst = ops.where(finished.filled, worst, -_HF_LARGE)
+        improvable = ops.any(best_alive[:, None] > worst, axis=1)
+        done = ops.logical_or(state.done, ops.logical_not(improvable))
+        all_done = done
+        if self.early_stopping is True:
+            all_done = ops.logical_or(done, ops.all(finished.filled, axis=1))
+        stop = ops.logical_or(ops.all(all_done), ops.all(extensions.ended))
+        return finished, done, stop
 
 
 def beam_search(
@@ -388,25 +607,21 @@ def beam_search(
     force_end=False,
     renormalize=False,
 ):
-    """Beam search with a finished set and the GNMT length penalty.
+    """Beam search with a finished set and a length penalty.
 
     The paper decodes with beam size 4 and alpha 0.6 (Vaswani et al.,
     2017, section 6.1). Each step extends every alive hypothesis by every
-    token and keeps the ``beam_size`` best extensions by log-probability.
-    Those that end with the end token (or reach the row's maximum length)
-    leave the beam for the *finished* set, where they compete by
-    length-normalized score for ``beam_size`` places and are never
-    extended again; the others stay alive (the beam refills to
-    ``beam_size`` at the next step). With ``beam_size=1`` this is exactly
-    greedy search.
+    token and keeps the best extensions by log-probability; those that
+    end (end token, or the row's maximum length) leave the beam for the
+    *finished* set, where they compete by length-normalized score and are
+    never extended again. ``length_penalty_style`` picks the convention:
+    how many extensions a step keeps, which of them enter the finished
+    set, when a row and the search stop, and the length penalty:
 
-    A row stops when its ``num_return_sequences``-th best finished score
-    is at least the best score any alive hypothesis could still reach:
-    with ``alpha >= 0`` log-probabilities only fall as a hypothesis grows,
-    so that bound is the best alive log-probability divided by the penalty
-    at the row's maximum length. A row also stops when no hypothesis is
-    left alive. A stopped row is frozen, so its result does not depend on
-    the other rows of the batch.
+    - ``"gnmt"``: the paper's beam search with the GNMT penalty
+      (`GnmtRule`); with ``beam_size=1`` it is exactly greedy search.
+    - ``"hf"``: Hugging Face ``transformers``' beam search and penalty
+      ``|Y| ** alpha``, with its ``early_stopping`` (`HuggingFaceRule`).
 
     ``step_fn`` sees ``batch_size * beam_size`` rows, the beams of one
     source next to each other; ``cache`` and ``constants`` must already be
@@ -419,222 +634,40 @@ def beam_search(
             ``max_length``.
         start_id, end_id, pad_id: special token ids.
         banned: ``(V,)`` float32, -inf for tokens never generated.
-        alpha: length penalty exponent, ``>= 0`` (a number or a scalar
-            tensor).
+        alpha: length penalty exponent (a number or a scalar tensor);
+            ``>= 0`` with ``"gnmt"``.
         num_return_sequences: n, at most ``beam_size``; a Python int, or
             a scalar int32 tensor, in which case all ``beam_size``
             hypotheses are returned and the caller keeps the first n.
-        length_penalty_style: ``"gnmt"`` (this search) or ``"hf"``, which
-            runs `hf_beam_search` instead, with ``early_stopping``.
+        length_penalty_style: ``"gnmt"`` or ``"hf"``.
+        early_stopping: with ``"hf"``, False, True or ``"never"``.
         force_end, renormalize: see `greedy_search`.
 
     Returns:
-        A dict with ``"token_ids"`` ``(batch, n, max_length)``,
-        ``"lengths"``, ``"log_probs"`` and ``"scores"`` ``(batch, n)``,
-        best first (finished hypotheses; unused places score -inf).
+        `Hypotheses`, ``(batch, n, ...)``.
     """
-    if length_penalty_style not in LENGTH_PENALTY_STYLES:
-        raise ValueError(
-            f"length_penalty_style={length_penalty_style!r} is not one of "
-            f"{LENGTH_PENALTY_STYLES}."
-        )
+    check_choice(
+        "length_penalty_style", length_penalty_style, LENGTH_PENALTY_STYLES
+    )
+    static_n = isinstance(num_return_sequences, int)
+    if static_n:
+        check_num_return_sequences(num_return_sequences, "beam", beam_size)
+    row_max_lengths = ops.cast(row_max_lengths, "int32")
     if length_penalty_style == "hf":
-        return hf_beam_search(
-            step_fn,
-            cache,
-            constants,
-            batch_size,
-            beam_size,
-            max_length,
-            row_max_lengths,
-            start_id,
-            end_id,
-            pad_id,
-            banned,
-            alpha=alpha,
-            num_return_sequences=num_return_sequences,
-            early_stopping=early_stopping,
-            force_end=force_end,
-            renormalize=renormalize,
+        rule = HuggingFaceRule(
+            alpha, row_max_lengths, beam_size, early_stopping
         )
-    if isinstance(alpha, (int, float)) and alpha < 0:
-        raise ValueError(
-            f"length_penalty={alpha} must be >= 0: the stopping rule relies "
-            "on longer hypotheses never being favoured by less."
-        )
-    static_n = isinstance(num_return_sequences, int)
-    if static_n and not 1 <= num_return_sequences <= beam_size:
-        raise ValueError(
-            f"num_return_sequences={num_return_sequences} must be between 1 "
-            f"and beam_size={beam_size}."
-        )
-    rows = batch_size * beam_size
-    sequences = _initial_sequences(
-        batch_size, beam_size, max_length, start_id, pad_id
-    )
-    row_max_lengths = ops.cast(row_max_lengths, "int32")
-    # Only the first beam starts alive, so that the first step does not
-    # pick the same token beam_size times.
-    first = ops.convert_to_tensor([0.0] + [NEG_INF] * (beam_size - 1))
-    alive_log_probs = ops.tile(first[None, :], (batch_size, 1))
-    finished_sequences = sequences
-    finished_scores = ops.full((batch_size, beam_size), NEG_INF, "float32")
-    finished_log_probs = ops.full((batch_size, beam_size), NEG_INF, "float32")
-    finished_lengths = ops.zeros((batch_size, beam_size), "int32")
-    done = ops.zeros((batch_size,), "bool")
-    # The best normalized score an alive hypothesis can still reach.
-    best_penalty = length_penalty(row_max_lengths, alpha)
-
-    def cond(index, state):
-        return ops.logical_not(ops.all(state["done"]))
-
-    def body(index, state):
-        flat = ops.reshape(state["alive_sequences"], (rows, max_length + 1))
-        logits, cache = step_fn(flat, index, state["cache"], constants)
-        if force_end or renormalize:
-            step_log_probs = _process_log_probs(
-                logits,
-                banned,
-                index,
-                ops.repeat(row_max_lengths, beam_size, axis=0),
-                end_id,
-                force_end,
-                renormalize,
-            )
-        else:
-            step_log_probs = _log_softmax(logits, banned)
-        expanded = _expand(
-            state, step_log_probs, beam_size, index, row_max_lengths, end_id
-        )
-        top_log_probs, is_finished = expanded["log_probs"], expanded["ended"]
-
-        # Alive set: the kept extensions that did not finish, best first.
-        alive_log_probs, alive_sequences, cache = _select_alive(
-            expanded,
-            ops.where(is_finished, NEG_INF, top_log_probs),
-            beam_size,
-            cache,
-        )
-
-        # Finished set: merge the finished extensions by normalized score.
-        candidate_scores = ops.where(
-            is_finished,
-            top_log_probs / length_penalty(expanded["length"], alpha),
-            NEG_INF,
-        )
-        new_state = _merge_finished(state, expanded, candidate_scores)
-        # Frozen rows keep their finished set as it was when they stopped.
-        done = state["done"]
-        for key, value in new_state.items():
-            mask = _trailing_axes(done, len(value.shape))
-            new_state[key] = ops.where(mask, state[key], value)
-
-        bound = alive_log_probs[:, 0] / best_penalty
-        if static_n:
-            nth_best = new_state["finished_scores"][:, num_return_sequences - 1]
-        else:
-            nth_best = ops.take(
-                new_state["finished_scores"], num_return_sequences - 1, axis=1
-            )
-        new_state["done"] = ops.logical_or(
-            done,
-            ops.logical_or(nth_best >= bound, alive_log_probs[:, 0] == NEG_INF),
-        )
-        new_state["alive_sequences"] = alive_sequences
-        new_state["alive_log_probs"] = alive_log_probs
-        new_state["cache"] = cache
-        return index + 1, new_state
-
-    state = {
-        "alive_sequences": sequences,
-        "alive_log_probs": alive_log_probs,
-        "cache": dict(cache),
-        "finished_sequences": finished_sequences,
-        "finished_scores": finished_scores,
-        "finished_log_probs": finished_log_probs,
-        "finished_lengths": finished_lengths,
-        "done": done,
-    }
-    index = ops.convert_to_tensor(0, "int32")
-    _, state = ops.while_loop(
-        cond, body, (index, state), maximum_iterations=max_length
-    )
-    n = num_return_sequences if static_n else beam_size
-    return _search_outputs(state, n)
-
-
-def hf_beam_search(
-    step_fn,
-    cache,
-    constants,
-    batch_size,
-    beam_size,
-    max_length,
-    row_max_lengths,
-    start_id,
-    end_id,
-    pad_id,
-    banned,
-    alpha=1.0,
-    num_return_sequences=1,
-    early_stopping=False,
-    force_end=False,
-    renormalize=False,
-):
-    """Beam search with the rules of Hugging Face ``transformers``.
-
-    The search of ``GenerationMixin.generate(num_beams=k)``, reproduced
-    step for step so that a converted model (e.g. an OPUS-MT checkpoint,
-    see `keras_transformer.marian`) gives the same outputs:
-
-    - each step keeps the ``2 k`` best extensions; the ``k`` best of them
-      that did not finish stay alive, so the beam never shrinks;
-    - an extension that ends (end token, or the row's maximum length)
-      enters the finished set only if it is among the ``k`` best of the
-      ``2 k``, scored ``log_probs / |Y| ** alpha``;
-    - a row stops (is frozen) when its finished set is full and the best
-      alive hypothesis, divided by the penalty at its current length
-      (``early_stopping=False``) or at the maximum length
-      (``"never"`` with ``alpha > 0``), would not beat the worst finished
-      one; with ``early_stopping=True`` as soon as the set is full;
-    - the whole batch stops when every kept extension of every row ended.
-
-    Arguments and returns are those of `beam_search`; ``alpha`` may be
-    any number (negative favours shorter outputs).
-    """
-    if early_stopping not in EARLY_STOPPING:
-        raise ValueError(
-            f"early_stopping={early_stopping!r} is not one of {EARLY_STOPPING}."
-        )
-    static_n = isinstance(num_return_sequences, int)
-    if static_n and not 1 <= num_return_sequences <= beam_size:
-        raise ValueError(
-            f"num_return_sequences={num_return_sequences} must be between 1 "
-            f"and beam_size={beam_size}."
-        )
-    rows = batch_size * beam_size
-    keep = 2 * beam_size
-    top_mask = ops.convert_to_tensor([True] * beam_size + [False] * beam_size)[
-        None, :
-    ]
-    alpha = ops.cast(alpha, "float32")
-    row_max_lengths = ops.cast(row_max_lengths, "int32")
-    flat_max_lengths = ops.repeat(row_max_lengths, beam_size, axis=0)
-    sequences = _initial_sequences(
-        batch_size, beam_size, max_length, start_id, pad_id
-    )
-    first = ops.convert_to_tensor([0.0] + [-_HF_LARGE] * (beam_size - 1))
-    if early_stopping == "never":
-        best_lengths = ops.cast(row_max_lengths, "float32")
     else:
-        best_lengths = None
+        rule = GnmtRule(alpha, row_max_lengths, num_return_sequences)
+    flat_max_lengths = ops.repeat(row_max_lengths, beam_size, axis=0)
+    rows = batch_size * beam_size
 
     def cond(index, state):
-        return ops.logical_not(state["stop"])
+        return ops.logical_not(state.stop)
 
     def body(index, state):
-        flat = ops.reshape(state["alive_sequences"], (rows, max_length + 1))
-        logits, cache = step_fn(flat, index, state["cache"], constants)
+        flat = ops.reshape(state.alive_sequences, (rows, max_length + 1))
+        logits, cache = step_fn(flat, index, state.cache, constants)
         step_log_probs = _process_log_probs(
             logits,
             banned,
@@ -644,86 +677,72 @@ def hf_beam_search(
             force_end,
             renormalize,
         )
-        expanded = _expand(
-            state, step_log_probs, keep, index, row_max_lengths, end_id
+        extensions = _expand(
+            state,
+            step_log_probs,
+            rule.width * beam_size,
+            index,
+            row_max_lengths,
+            end_id,
         )
-        top_log_probs, ended = expanded["log_probs"], expanded["ended"]
-        length = expanded["length"]
-
-        # Alive: the beam_size best extensions that did not end.
+        # Alive: the best extensions that did not end, best first.
         alive_log_probs, alive_sequences, cache = _select_alive(
-            expanded,
-            top_log_probs - ops.cast(ended, "float32") * _HF_LARGE,
+            extensions,
+            rule.exclude(extensions.log_probs, extensions.ended),
             beam_size,
             cache,
         )
+        scores = extensions.log_probs / length_penalty(
+            extensions.length, alpha, rule.style
+        )
+        finished = _merge_finished(
+            state.finished, extensions, *rule.admit(state, extensions, scores)
+        )
+        finished, done, stop = rule.settle(
+            state, finished, alive_log_probs, extensions
+        )
+        return index + 1, BeamState(
+            alive_sequences, alive_log_probs, cache, finished, done, stop
+        )
 
-        # Finished: the ended extensions among the beam_size best.
-        just_finished = ops.logical_and(ended, top_mask)
-        penalty = length_penalty(length, alpha, "hf")
-        candidate_scores = top_log_probs / penalty
-        if early_stopping is True:
-            full = ops.all(state["is_finished"], axis=1, keepdims=True)
-            candidate_scores -= ops.cast(full, "float32") * _HF_LARGE
-        candidate_scores -= (
-            ops.cast(ops.logical_not(state["improvable"]), "float32")[:, None]
-            * _HF_LARGE
-        )
-        candidate_scores -= (
-            ops.cast(ops.logical_not(just_finished), "float32") * _HF_LARGE
-        )
-        new_state = _merge_finished(
-            state,
-            expanded,
-            candidate_scores,
-            extra={"is_finished": just_finished},
-        )
-        new_scores = new_state["finished_scores"]
-
-        # Can an alive hypothesis still beat the worst finished one?
-        lengths = ops.cast(length, "float32")
-        if best_lengths is not None:
-            lengths = ops.where(alpha > 0, best_lengths, lengths)
-        best_alive = alive_log_probs[:, 0] / ops.power(lengths, alpha)
-        worst = ops.min(new_scores, axis=1, keepdims=True)
-        worst = ops.where(new_state["is_finished"], worst, -_HF_LARGE)
-        improvable = ops.logical_and(
-            state["improvable"], ops.any(best_alive[:, None] > worst, axis=1)
-        )
-        done = ops.logical_not(improvable)
-        if early_stopping is True:
-            done = ops.logical_or(
-                done, ops.all(new_state["is_finished"], axis=1)
-            )
-        new_state["stop"] = ops.logical_or(ops.all(done), ops.all(ended))
-        new_state["improvable"] = improvable
-        new_state["alive_sequences"] = alive_sequences
-        new_state["alive_log_probs"] = alive_log_probs
-        new_state["cache"] = cache
-        return index + 1, new_state
-
-    state = {
-        "alive_sequences": sequences,
-        "alive_log_probs": ops.tile(first[None, :], (batch_size, 1)),
-        "cache": dict(cache),
-        "finished_sequences": sequences,
-        "finished_scores": ops.full(
-            (batch_size, beam_size), -_HF_LARGE, "float32"
-        ),
-        "finished_log_probs": ops.full(
-            (batch_size, beam_size), NEG_INF, "float32"
-        ),
-        "finished_lengths": ops.zeros((batch_size, beam_size), "int32"),
-        "is_finished": ops.zeros((batch_size, beam_size), "bool"),
-        "improvable": ops.ones((batch_size,), "bool"),
-        "stop": ops.convert_to_tensor(False),
-    }
+    state = _initial_beam_state(
+        batch_size, beam_size, max_length, start_id, pad_id, cache, rule
+    )
     index = ops.convert_to_tensor(0, "int32")
     _, state = ops.while_loop(
         cond, body, (index, state), maximum_iterations=max_length
     )
     n = num_return_sequences if static_n else beam_size
-    return _search_outputs(state, n)
+    return Hypotheses(
+        token_ids=state.finished.sequences[:, :n, 1:],
+        lengths=state.finished.lengths[:, :n],
+        log_probs=state.finished.log_probs[:, :n],
+        scores=state.finished.scores[:, :n],
+    )
+
+
+def _initial_beam_state(
+    batch_size, beam_size, max_length, start_id, pad_id, cache, rule
+):
+    shape = (batch_size, beam_size)
+    sequences = _initial_sequences(shape, max_length, start_id, pad_id)
+    # Only the first beam starts alive, so that the first step does not
+    # pick the same token beam_size times.
+    first = ops.convert_to_tensor([0.0] + [rule.excluded] * (beam_size - 1))
+    return BeamState(
+        alive_sequences=sequences,
+        alive_log_probs=ops.tile(first[None, :], (batch_size, 1)),
+        cache=dict(cache),
+        finished=Finished(
+            sequences=sequences,
+            log_probs=ops.full(shape, NEG_INF, "float32"),
+            lengths=ops.zeros(shape, "int32"),
+            scores=ops.full(shape, rule.excluded, "float32"),
+            filled=ops.zeros(shape, "bool"),
+        ),
+        done=ops.zeros((batch_size,), "bool"),
+        stop=ops.convert_to_tensor(False),
+    )
 
 
 def banned_logits(vocabulary_size, banned_ids):

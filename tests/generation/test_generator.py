@@ -217,7 +217,10 @@ def test_a_lone_source_finds_what_it_finds_in_a_batch(
         np.testing.assert_allclose(alone.scores, batch.scores[:1], atol=1e-5)
     # Programs compiled: (method, cached, batch bucket, rows per source).
     rows = 4 if method == "beam" else 1
-    programs = {(k[0], k[1], k[2], k[4]) for k in generator._functions}
+    programs = {
+        (k.method, k.use_cache, k.batch_size, k.copies)
+        for k in generator._functions
+    }
     assert (method, False, 1, rows) in programs
     filler = backends.search_rows(rows, True, generator.jit_compile) == 2
     assert ((method, True, 1, rows) in programs) != filler

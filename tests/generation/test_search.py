@@ -70,7 +70,7 @@ def run_search(tables, limits, method, alpha=0.0, beam_size=4, n=1):
         ops.convert_to_tensor(limits),
         ops.convert_to_tensor(np.float32(alpha)),
     )
-    return {k: ops.convert_to_numpy(v) for k, v in outputs.items()}
+    return {k: ops.convert_to_numpy(v) for k, v in outputs._asdict().items()}
 
 
 def log_softmax(x):
