@@ -10,14 +10,14 @@ layers, LayerNorm epsilon 1e-5, one embedding matrix for source, target
 and output (or separate source and target vocabularies) and a bias on the
 logits (``use_output_bias=True``).
 
-`load_marian(directory)` converts a checkpoint directory (``config.json``
-with ``model_type: marian``, ``model.safetensors`` or
+`load_checkpoint(directory)` converts a checkpoint directory
+(``config.json`` with ``model_type: marian``, ``model.safetensors`` or
 ``pytorch_model.bin``, ``source.spm``, ``target.spm``, ``vocab.json``,
-optionally ``generation_config.json``) into a `Translator` whose
-tokenizer gives the ids of ``transformers``' ``MarianTokenizer`` and whose
-decoding settings reproduce ``transformers``' ``generate``.
-`Translator.from_pretrained` calls it for such a directory, or for
-``"hf://Helsinki-NLP/opus-mt-en-de"``.
+optionally ``generation_config.json``) into a `Transformer`, a tokenizer
+that gives the ids of ``transformers``' ``MarianTokenizer``, and the
+decoding settings that reproduce ``transformers``' ``generate``.
+`Translator.from_pretrained` composes them into a translator for such a
+directory, or for ``"hf://Helsinki-NLP/opus-mt-en-de"``.
 
 Neither ``torch`` nor ``transformers`` is needed for a safetensors
 checkpoint; a ``pytorch_model.bin`` is read with ``torch``.
@@ -29,10 +29,12 @@ Example:
 >>> translator.save("opus-mt-en-de")  # our format; any backend loads it
 """
 
-import json
 import os
 
 import numpy as np
+
+from keras_transformer.io_utils import read_json, write_json
+from keras_transformer.models import Transformer
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -60,11 +62,6 @@ _SPIECE_UNDERLINE = "\u2581"
 # --- detection
 
 
-def _read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def is_marian_directory(directory):
     """Whether ``directory`` holds a Hugging Face Marian checkpoint: a
     ``config.json`` with ``model_type == "marian"`` and no keras-transformer
@@ -73,7 +70,7 @@ def is_marian_directory(directory):
     if not os.path.isfile(path):
         return False
     try:
-        config = _read_json(path)
+        config = read_json(path)
     except (OSError, ValueError):
         return False
     return (
@@ -237,12 +234,12 @@ class MarianTokenizer:
         ):
             with open(os.path.join(directory, name), "wb") as f:
                 f.write(data)
-        _write_json(os.path.join(directory, VOCAB_FILE), self.vocab)
+        _write_tokenizer_json(os.path.join(directory, VOCAB_FILE), self.vocab)
         if self.target_vocab is not None:
-            _write_json(
+            _write_tokenizer_json(
                 os.path.join(directory, TARGET_VOCAB_FILE), self.target_vocab
             )
-        _write_json(
+        _write_tokenizer_json(
             os.path.join(directory, TOKENIZER_CONFIG_FILE),
             {
                 "format_version": _TOKENIZER_FORMAT_VERSION,
@@ -262,10 +259,10 @@ class MarianTokenizer:
         )
 
 
-def _write_json(path, data):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+def _write_tokenizer_json(path, data):
+    # In the layout of transformers' files: vocabulary order, pieces
+    # unescaped.
+    write_json(path, data, sort_keys=False, ensure_ascii=False)
 
 
 def _read_bytes(path):
@@ -295,7 +292,7 @@ def load_marian_tokenizer(directory, **overrides):
     theirs = os.path.join(directory, "tokenizer_config.json")
     separate = False
     if os.path.isfile(ours):
-        config = _read_json(ours)
+        config = read_json(ours)
         version = config.get("format_version")
         if version != _TOKENIZER_FORMAT_VERSION:
             raise ValueError(
@@ -307,7 +304,7 @@ def load_marian_tokenizer(directory, **overrides):
             if key in config:
                 options[key] = config[key]
     elif os.path.isfile(theirs):
-        config = _read_json(theirs)
+        config = read_json(theirs)
         separate = bool(config.get("separate_vocabs", False))
         for key in ("unk_token", "eos_token", "pad_token"):
             value = config.get(key)
@@ -319,11 +316,11 @@ def load_marian_tokenizer(directory, **overrides):
     target_vocab = None
     if separate:
         _require(directory, (TARGET_VOCAB_FILE,), "separate_vocabs")
-        target_vocab = _read_json(os.path.join(directory, TARGET_VOCAB_FILE))
+        target_vocab = read_json(os.path.join(directory, TARGET_VOCAB_FILE))
     return MarianTokenizer(
         _read_bytes(os.path.join(directory, SOURCE_SPM)),
         _read_bytes(os.path.join(directory, TARGET_SPM)),
-        _read_json(os.path.join(directory, VOCAB_FILE)),
+        read_json(os.path.join(directory, VOCAB_FILE)),
         target_vocab=target_vocab,
         **options,
     )
@@ -603,41 +600,33 @@ def generation_settings(config, generation, max_sequence_length):
     }
 
 
-def load_marian(directory, **settings):
-    """Converts a Hugging Face Marian checkpoint directory to a
-    `Translator`.
+def load_checkpoint(directory):
+    """Converts a Hugging Face Marian checkpoint directory.
 
     Args:
         directory: holds ``config.json`` (``model_type: marian``),
             ``model.safetensors`` or ``pytorch_model.bin``,
             ``source.spm``, ``target.spm``, ``vocab.json`` and optionally
             ``generation_config.json``.
-        **settings: `GenerationConfig` overrides, e.g. ``beam_size=4``.
 
     Returns:
-        A `Translator` whose model gives ``MarianMTModel``'s logits and
-        whose decoding settings (beam size, ``transformers``' length
-        penalty and stopping rule, maximum length, forced end token,
-        banned padding) reproduce ``MarianMTModel.generate``.
+        ``(model, tokenizer, generation)``: a `Transformer` that gives
+        ``MarianMTModel``'s logits, a `MarianTokenizer`, and the
+        `GenerationConfig` settings (a dict) that reproduce
+        ``MarianMTModel.generate``: beam size, ``transformers``' length
+        penalty and stopping rule, maximum length, forced end token.
+        `Translator.from_pretrained` composes them.
     """
-    from keras_transformer.generation.translator import (
-        GenerationConfig,
-        Translator,
-    )
-    from keras_transformer.models import Transformer
-
     directory = os.fspath(directory)
     _require(directory, (CONFIG_FILE,), "a Marian checkpoint")
-    config = _read_json(os.path.join(directory, CONFIG_FILE))
+    config = read_json(os.path.join(directory, CONFIG_FILE))
     if config.get("model_type") != "marian":
         raise ValueError(
             f"{directory}/{CONFIG_FILE} has model_type="
             f"{config.get('model_type')!r}, not 'marian'."
         )
-    options = model_options(config)
-    state = read_state_dict(directory)
-    model = Transformer(**options)
-    unused = convert_weights(model, state)
+    model = Transformer(**model_options(config))
+    unused = convert_weights(model, read_state_dict(directory))
     if unused:
         raise ValueError(
             f"The checkpoint in {directory!r} has {len(unused)} tensors the "
@@ -657,9 +646,9 @@ def load_marian(directory, **settings):
         )
     generation_path = os.path.join(directory, GENERATION_CONFIG_FILE)
     generation = (
-        _read_json(generation_path) if os.path.isfile(generation_path) else {}
+        read_json(generation_path) if os.path.isfile(generation_path) else {}
     )
-    base = GenerationConfig().replace(
-        **generation_settings(config, generation, model.max_sequence_length)
+    settings = generation_settings(
+        config, generation, model.max_sequence_length
     )
-    return Translator(model, tokenizer, base, **settings)
+    return model, tokenizer, settings

@@ -95,9 +95,12 @@ def evaluate_bleu(
             f"There are {len(sources)} sources but {count} references; "
             "they must align line by line."
         )
-    settings.setdefault("num_return_sequences", 1)
-    if settings["num_return_sequences"] != 1:
-        raise ValueError("BLEU scores one translation per source.")
+    n = settings.setdefault("num_return_sequences", 1)
+    if n != 1:
+        raise ValueError(
+            f"BLEU scores one translation per source; got "
+            f"num_return_sequences={n}. Leave it at 1."
+        )
     hypotheses = translator.translate(sources, **settings)
     return corpus_bleu(
         hypotheses, references, tokenize=tokenize, lowercase=lowercase

@@ -2,15 +2,18 @@
 sentences into translations, saved and loaded as one directory."""
 
 import dataclasses
-import json
 import os
 import warnings
 
 import keras
 import numpy as np
 
+from keras_transformer import hub, marian
 from keras_transformer._settings import replace_settings
 from keras_transformer.generation.generator import METHODS, Generator
+from keras_transformer.generation.search import check_num_return_sequences
+from keras_transformer.io_utils import read_json, write_json
+from keras_transformer.models import Transformer
 from keras_transformer.version import __version__
 
 FORMAT_VERSION = 1
@@ -78,10 +81,13 @@ class GenerationConfig:
             raise ValueError(
                 f"long_inputs={self.long_inputs!r} is not one of {LONG_INPUTS}."
             )
-        for name in ("beam_size", "batch_size", "num_return_sequences"):
+        for name in ("beam_size", "batch_size"):
             value = getattr(self, name)
             if int(value) != value or value < 1:
                 raise ValueError(f"{name}={value} must be a positive integer.")
+        check_num_return_sequences(
+            self.num_return_sequences, self.method, self.beam_size
+        )
 
     def replace(self, **overrides):
         """A copy with some settings changed; unknown names raise."""
@@ -484,10 +490,10 @@ class Translator:
             "model_class": type(self.model).__name__,
             "model_config": self.model.get_config(),
         }
-        _write_json(os.path.join(directory, CONFIG_FILE), config)
+        write_json(os.path.join(directory, CONFIG_FILE), config)
         self.model.save_weights(os.path.join(directory, WEIGHTS_FILE))
         self.tokenizer.save(os.path.join(directory, TOKENIZER_DIR))
-        _write_json(
+        write_json(
             os.path.join(directory, GENERATION_CONFIG_FILE),
             self.generation_config.to_dict(),
         )
@@ -503,8 +509,6 @@ class Translator:
         >>> translator.push_to_hub("me/en-de", results="runs/multi30k")
         >>> Translator.from_pretrained("hf://me/en-de")
         """
-        from keras_transformer import hub
-
         return hub.push_to_hub(self, repo_id, **options)
 
     @classmethod
@@ -516,7 +520,9 @@ class Translator:
         local_files_only=False,
         **settings,
     ):
-        """Loads a translator written by `save` or `push_to_hub`.
+        """Loads a translator written by `save` or `push_to_hub`, or
+        converts a Hugging Face Marian (OPUS-MT) checkpoint
+        (`keras_transformer.marian.load_checkpoint`).
 
         Args:
             directory: the saved translator's directory, or a Hub
@@ -527,10 +533,6 @@ class Translator:
             local_files_only: load from the Hugging Face cache only.
             **settings: generation settings overriding the saved ones.
         """
-        from keras_transformer import hub
-        from keras_transformer.data import load_tokenizer
-        from keras_transformer.models import Transformer
-
         # A Hub reference becomes a verified snapshot directory in the
         # Hugging Face cache; from here on, everything reads a directory.
         directory = hub.resolve_directory(
@@ -541,52 +543,54 @@ class Translator:
                 f"No translator directory at {directory!r}; expected one "
                 "written by Translator.save(directory)."
             )
-        from keras_transformer import marian
-
         if marian.is_marian_directory(directory):
-            # A Hugging Face Marian (OPUS-MT) checkpoint: converted.
-            return marian.load_marian(directory, **settings)
-        expected = (CONFIG_FILE, WEIGHTS_FILE, GENERATION_CONFIG_FILE)
-        for name in expected + (TOKENIZER_DIR,):
-            if not os.path.exists(os.path.join(directory, name)):
-                raise FileNotFoundError(
-                    f"{directory!r} has no {name}; a saved translator holds "
-                    f"{list(expected)} and {TOKENIZER_DIR}/. Save it again "
-                    "with Translator.save(directory)."
-                )
-        config = _read_json(os.path.join(directory, CONFIG_FILE))
-        version = config.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(
-                f"{CONFIG_FILE} in {directory!r} has format_version="
-                f"{version!r}; this keras-transformer ({__version__}) reads "
-                f"format_version={FORMAT_VERSION}. Use the version that "
-                "saved it, or save it again."
-            )
-        if config.get("model_class") != "Transformer":
-            raise ValueError(
-                f"{CONFIG_FILE} in {directory!r} describes a "
-                f"{config.get('model_class')!r}, not a Transformer."
-            )
-        model = Transformer.from_config(config["model_config"])
-        model.load_weights(os.path.join(directory, WEIGHTS_FILE))
-        tokenizer_dir = os.path.join(directory, TOKENIZER_DIR)
-        if marian.is_marian_tokenizer_directory(tokenizer_dir):
-            tokenizer = marian.load_marian_tokenizer(tokenizer_dir)
+            # A Hugging Face Marian (OPUS-MT) checkpoint, converted.
+            model, tokenizer, generation = marian.load_checkpoint(directory)
+            generation = GenerationConfig.from_dict(generation)
         else:
-            tokenizer = load_tokenizer(tokenizer_dir)
-        generation = GenerationConfig.from_dict(
-            _read_json(os.path.join(directory, GENERATION_CONFIG_FILE))
-        )
+            model, tokenizer, generation = _load_directory(directory)
         return cls(model, tokenizer, generation, **settings)
 
 
-def _write_json(path, data):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
+def _load_directory(directory):
+    """``(model, tokenizer, generation_config)`` of a directory written by
+    `Translator.save`."""
+    expected = (CONFIG_FILE, WEIGHTS_FILE, GENERATION_CONFIG_FILE)
+    for name in expected + (TOKENIZER_DIR,):
+        if not os.path.exists(os.path.join(directory, name)):
+            raise FileNotFoundError(
+                f"{directory!r} has no {name}; a saved translator holds "
+                f"{list(expected)} and {TOKENIZER_DIR}/. Save it again "
+                "with Translator.save(directory)."
+            )
+    config = read_json(os.path.join(directory, CONFIG_FILE))
+    version = config.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"{CONFIG_FILE} in {directory!r} has format_version="
+            f"{version!r}; this keras-transformer ({__version__}) reads "
+            f"format_version={FORMAT_VERSION}. Use the version that "
+            "saved it, or save it again."
+        )
+    if config.get("model_class") != "Transformer":
+        raise ValueError(
+            f"{CONFIG_FILE} in {directory!r} describes a "
+            f"{config.get('model_class')!r}, not a Transformer."
+        )
+    model = Transformer.from_config(config["model_config"])
+    model.load_weights(os.path.join(directory, WEIGHTS_FILE))
+    tokenizer = _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
+    generation = GenerationConfig.from_dict(
+        read_json(os.path.join(directory, GENERATION_CONFIG_FILE))
+    )
+    return model, tokenizer, generation
 
 
-def _read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def _load_tokenizer(directory):
+    if marian.is_marian_tokenizer_directory(directory):
+        return marian.load_marian_tokenizer(directory)
+    # `keras_transformer.data` imports TensorFlow: loaded for its
+    # tokenizers only, so that translating on JAX or torch does not.
+    from keras_transformer.data import load_tokenizer
+
+    return load_tokenizer(directory)

@@ -84,6 +84,12 @@ def test_settings_are_checked(translator):
         translator.translate(SENTENCES[:1], beam_width=4)
     with pytest.raises(ValueError, match="method='nucleus'"):
         GenerationConfig(method="nucleus")
+    with pytest.raises(ValueError, match="num_return_sequences=5"):
+        GenerationConfig(beam_size=4, num_return_sequences=5)
+    with pytest.raises(ValueError, match="Greedy search returns one"):
+        translator.translate(
+            SENTENCES[:1], method="greedy", num_return_sequences=2
+        )
 
 
 def test_save_and_load(translator, saved_translator):

@@ -94,6 +94,25 @@ def test_logits_equal_transformers(marian_checkpoint, translator, weights):
     np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_load_checkpoint_gives_model_tokenizer_and_settings(
+    marian_checkpoint, translator
+):
+    # The converter knows nothing of translators: Translator composes.
+    model, tokenizer, settings = marian.load_checkpoint(
+        marian_checkpoint["directory"]
+    )
+    assert isinstance(model, kt.Transformer)
+    assert isinstance(tokenizer, marian.MarianTokenizer)
+    assert settings["length_penalty_style"] == "hf"
+    assert settings["beam_size"] == 4
+    config = translator.generation_config
+    assert config == kt.generation.GenerationConfig.from_dict(settings)
+    for x, y in zip(
+        model.get_weights(), translator.model.get_weights(), strict=True
+    ):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_tokenizer_ids_equal_marian_tokenizer(marian_checkpoint, translator):
     hf = marian_checkpoint["tokenizer"]
     sentences = marian_checkpoint["sentences"] + [
@@ -134,6 +153,24 @@ def test_greedy_and_beam_ids_equal_generate(
     lengths = {len(ids) for ids in beam + greedy}
     assert min(lengths) < MAX_NEW_TOKENS - 1
     assert MAX_NEW_TOKENS - 1 in lengths
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"early_stopping": True, "length_penalty": 0.5},
+        {"early_stopping": "never", "length_penalty": 2.0},
+    ],
+    ids=str,
+)
+def test_beam_stopping_rules_equal_generate(
+    marian_checkpoint, translator, options
+):
+    # transformers' other stopping rules and penalties, in the one beam
+    # search of keras_transformer.generation.search.
+    expected = hf_generate(marian_checkpoint, num_beams=4, **options)
+    ours = _our_ids(translator, marian_checkpoint["sentences"], **options)
+    assert ours == expected
 
 
 @pytest.fixture(scope="module")
