@@ -1,3 +1,7 @@
+"""Small helpers shared across the package: initializers, setting checks."""
+
+import dataclasses
+
 import keras
 
 
@@ -26,3 +30,14 @@ def check_positive(name, value):
     if int(value) != value or int(value) < 1:
         raise ValueError(f"{name}={value} must be a positive integer.")
     return int(value)
+
+
+def replace_settings(settings, overrides, what, error=ValueError):
+    """``dataclasses.replace(settings, **overrides)``, raising ``error``
+    that names the unknown keys and the known ones instead of a bare
+    TypeError from the constructor."""
+    fields = sorted(f.name for f in dataclasses.fields(settings))
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise error(f"Unknown {what} {unknown}; the settings are {fields}.")
+    return dataclasses.replace(settings, **overrides)

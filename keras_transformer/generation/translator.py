@@ -9,11 +9,11 @@ import keras
 import numpy as np
 
 from keras_transformer import hub, marian
-from keras_transformer._settings import replace_settings
 from keras_transformer.generation.generator import METHODS, Generator
 from keras_transformer.generation.search import check_num_return_sequences
 from keras_transformer.io_utils import read_json, write_json
 from keras_transformer.models import Transformer
+from keras_transformer.utils import replace_settings
 from keras_transformer.version import __version__
 
 FORMAT_VERSION = 1

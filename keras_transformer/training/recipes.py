@@ -10,10 +10,10 @@ import time
 
 import keras
 
-from keras_transformer._settings import replace_settings
 from keras_transformer.io_utils import write_json
 from keras_transformer.models import Transformer
 from keras_transformer.models.configs import get_config
+from keras_transformer.utils import replace_settings
 
 RESULTS_FILE = "results.json"
 
