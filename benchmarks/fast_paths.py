@@ -175,6 +175,7 @@ def main(argv=None):
             tokenizer = data.train_tokenizer(
                 [MULTI30K / "train.en", MULTI30K / "train.de"],
                 vocabulary_size=500 if args.smoke else 8000,
+                max_sentences=2000 if args.smoke else 2_000_000,
             )
         for name in decoding:
 

@@ -238,3 +238,25 @@ def test_mixed_bfloat16_contestant_needs_float32(capsys):
     assert "--with-mixed-bfloat16 compares against float32" in (
         capsys.readouterr().err
     )
+
+
+def test_fast_paths_smoke(tmp_path):
+    """Every fast path serving this backend is timed on and off."""
+    from benchmarks import fast_paths
+    from keras_transformer import backends
+
+    path = tmp_path / "f.json"
+    report = fast_paths.main(
+        ["--smoke", "--rounds", "1", "--sentences", "4", "--output", str(path)]
+    )
+    backend = keras.backend.backend()
+    serving = {
+        name
+        for name, fast_path in backends.FAST_PATHS.items()
+        if backend in fast_path.backends
+    }
+    assert {row["fast_path"] for row in report["rows"]} == serving
+    for row in report["rows"]:
+        assert row["on_s"] > 0 and row["off_s"] > 0
+        assert row["gain"] == pytest.approx(row["off_s"] / row["on_s"], 1e-2)
+    assert json.loads(path.read_text())["backend"] == backend

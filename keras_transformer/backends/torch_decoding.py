@@ -69,14 +69,15 @@ def cached_decoder(model):
     for a stacked cache, writing each step into ``cache`` in place; None
     where ``model``'s decoder is not what this module computes.
 
-    The layers' weights are read here, as views of their variables, so
-    weights assigned later in place are seen; call it again after
-    quantizing a model or enabling LoRA.
+    The weights are read here, as views of their variables, so weights
+    assigned later in place are seen; call it again after quantizing a
+    model or enabling LoRA.
     """
     if model.compute_dtype != "float32":
         return None
-    weights = [decoder_step_weights(layer) for layer in model.decoder_layers]
-    if any(w is None for w in weights):
+    layers = [decoder_step_weights(layer) for layer in model.decoder_layers]
+    ends = _embedding_and_logits(model)
+    if ends is None or any(w is None for w in layers):
         return None
 
     def decode(
@@ -87,6 +88,7 @@ def cached_decoder(model):
         decoder_padding_mask=None,
     ):
         index = int(index)
+        token_ids = keras.ops.convert_to_tensor(token_ids, "int32")
         self_cache = cache["self_attention"]
         cross_cache = cache["cross_attention"]
         steps = token_ids.shape[1]
@@ -102,9 +104,10 @@ def cached_decoder(model):
                 steps, cross_cache.shape[3], encoder_padding_mask
             ),
         )
-        x = model.decoder_token_embedding(token_ids)
-        x = x + model.decoder_position_encoding(x, start_index=index)
-        for i, layer_weights in enumerate(weights):
+        # Embeddings x sqrt(d_model) plus positions (3.4, 3.5).
+        x = F.embedding(token_ids, ends["embeddings"]) * ends["scale"]
+        x = x + ends["positions"][index : index + steps]
+        for i, layer_weights in enumerate(layers):
             x = decoder_step(
                 layer_weights,
                 x,
@@ -113,11 +116,48 @@ def cached_decoder(model):
                 index,
                 cross_cache[:, i],
             )
-        if model.decoder_final_norm is not None:
-            x = model.decoder_final_norm(x)
-        return model.project(x), cache
+        if ends["final_norm"] is not None:
+            x = _normalize(x, ends["final_norm"])
+        # The pre-softmax projection shares the embedding matrix (3.4).
+        logits = torch.matmul(x, ends["embeddings"].t())
+        if ends["bias"] is not None:
+            logits = logits + ends["bias"]
+        return logits, cache
 
     return decode
+
+
+def _embedding_and_logits(model):
+    """What the decoder step needs around its layers: the target
+    embedding matrix (tied to the output projection), its scale, the
+    position table, the final norm's parameters and the logits bias;
+    None for an untied output projection."""
+    if model.output_projection is not None:
+        return None
+    embedding = model.decoder_token_embedding
+    positions = model.decoder_position_encoding(
+        torch.zeros((1, model.max_sequence_length, model.hidden_dim))
+    )[0]
+    norm = model.decoder_final_norm
+    if norm is not None and not (
+        _plain(norm) and not norm.rms_scaling and norm.axis in (-1, [-1])
+    ):
+        return None
+    return {
+        "embeddings": _value(embedding.embeddings),
+        "scale": math.sqrt(model.hidden_dim) if embedding.scale else 1.0,
+        "positions": positions,
+        "final_norm": None
+        if norm is None
+        else (
+            _optional_value(norm.gamma),
+            _optional_value(norm.beta),
+            norm.epsilon,
+        ),
+        "bias": None
+        if model.output_bias is None
+        else _value(model.output_bias.bias),
+    }
 
 
 # --- helpers
