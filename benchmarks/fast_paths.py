@@ -1,14 +1,14 @@
 """Each backend fast path against the plain Keras path, as a user sees it.
 
     python -m benchmarks.fast_paths [--rounds 3] [--sentences 64]
-        [--smoke] [--output FILE.json]
+        [--paths NAME ...] [--smoke] [--output FILE.json]
 
 For the current Keras backend, every fast path that serves it (see
 `keras_transformer.backends.FAST_PATHS`) is timed on and off in one
 process, contestants alternating in rounds, at the base size (Table 3,
 random weights, a tokenizer of 8000 pieces trained on Multi30k):
 
-- ``fused_adam``, ``fused_loss``, ``jax_dropout``: a training step
+- ``fused_adam``, ``fused_loss``: a training step
   (`train_on_batch`, 32 pairs of 32 tokens, the paper's optimizer and
   label-smoothed loss, dropout 0.1);
 - ``torch_decoder``, ``tensorflow_filler_row``: `Translator.translate`
@@ -30,7 +30,7 @@ from benchmarks import _common
 
 MULTI30K = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 MULTI30K = MULTI30K / "multi30k"
-TRAINING_PATHS = ("fused_adam", "fused_loss", "jax_dropout")
+TRAINING_PATHS = ("fused_adam", "fused_loss")
 DECODING_PATHS = ("torch_decoder", "tensorflow_filler_row")
 
 
@@ -147,6 +147,9 @@ def main(argv=None):
     parser.add_argument("--config", default="base")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument(
+        "--paths", nargs="+", default=None, help="only these fast paths"
+    )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
@@ -158,6 +161,8 @@ def main(argv=None):
     serving = [
         n for n, p in backends.FAST_PATHS.items() if backend in p.backends
     ]
+    if args.paths:
+        serving = [name for name in serving if name in args.paths]
     rows = []
     training = [n for n in serving if n in TRAINING_PATHS]
     repeats = 1 if args.smoke else 3

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from benchmarks import decoding, dropout, end_to_end, gpu, optimizer, training
+from benchmarks import decoding, end_to_end, gpu, optimizer, training
 from benchmarks.training import model_config, train_flops
 
 
@@ -61,22 +61,6 @@ def test_training_smoke(tmp_path):
     assert rows["ours"]["jit_compile"] is auto
 
 
-def test_dropout_smoke(tmp_path):
-    path = tmp_path / "dropout.json"
-    report = dropout.main(["--smoke", "--threads", "0", "--output", str(path)])
-    assert json.loads(path.read_text())["benchmark"] == "dropout"
-    result = report["configs"]["smoke"]
-    assert [r["contestant"] for r in result["rows"]] == ["ours", "keras"]
-    for row in result["rows"]:
-        assert row["ms"] > 0 and len(row["per_round_ms"]) == 1
-    keras_ms, ours_ms = (r["per_round_ms"][0] for r in result["rows"][::-1])
-    assert result["ours_speedup"]["median"] == pytest.approx(keras_ms / ours_ms)
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() == "torch",
-    reason="jit_compile=True is torch.compile on torch",
-)
 def test_training_under_xla_has_no_keras_adam_contestant():
     # Under XLA our Adam runs Keras's code: a contestant would be a copy.
     report = training.main(

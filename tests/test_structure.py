@@ -168,7 +168,9 @@ def test_fast_paths_switch_off_by_name(name, monkeypatch):
         assert not backends.enabled(name)
     with backends.disabled():
         assert not any(backends.enabled(n) for n in backends.FAST_PATHS)
-    monkeypatch.setenv(backends.ENVIRONMENT_VARIABLE, f"jax_dropout,{name}")
+    monkeypatch.setenv(
+        backends.ENVIRONMENT_VARIABLE, f"tensorflow_filler_row,{name}"
+    )
     assert not backends.enabled(name)
     with pytest.raises(ValueError, match="no_such_path"):
         backends.disabled("no_such_path").__enter__()

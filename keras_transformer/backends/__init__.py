@@ -59,12 +59,6 @@ FAST_PATHS = {
             "(backends/torch_decoding.py) instead of Keras layer calls",
         ),
         FastPath(
-            "jax_dropout",
-            ("jax",),
-            "dropout masks from XLA's threefry bit generator on JAX's CPU "
-            "(backends/jax_dropout.py) instead of jax.random.bernoulli",
-        ),
-        FastPath(
             "fused_adam",
             ("tensorflow", "torch"),
             "one fused Adam kernel per variable: ResourceApplyAdam on "
@@ -160,22 +154,6 @@ def broadcast_attention_masks():
     return jax_device_kind() == "gpu"
 
 
-def dropout_function():
-    """``fn(inputs, rate, noise_shape, seed)`` of the ``jax_dropout``
-    fast path where it applies (JAX on the CPU, no `keras.distribution`,
-    under which XLA would draw the whole batch's mask on every device),
-    else None: Keras's dropout."""
-    if not (
-        enabled("jax_dropout")
-        and jax_device_kind() == "cpu"
-        and keras.distribution.distribution() is None
-    ):
-        return None
-    from keras_transformer.backends import jax_dropout
-
-    return jax_dropout.dropout
-
-
 def cached_decoder(model, cache_layout):
     """``fn(token_ids, cache, index, encoder_padding_mask)``, the
     ``torch_decoder`` fast path for ``model``'s cached decoding step,
@@ -233,7 +211,6 @@ __all__ = [
     "compile_search",
     "default_cache_layout",
     "disabled",
-    "dropout_function",
     "enabled",
     "fused_adam",
     "global_rng_state",

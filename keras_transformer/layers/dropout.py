@@ -1,29 +1,15 @@
 import keras
 
-from keras_transformer import backends
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dropout(keras.layers.Dropout):
-    """`keras.layers.Dropout`, whose masks are drawn faster on a JAX CPU.
+    """`keras.layers.Dropout`, registered under this package, with a
+    clear error for a ``noise_shape`` of the wrong rank.
 
-    The same layer (arguments, seed generator, config, saved variables)
-    and the same arithmetic: in training, each element is kept with
-    probability ``1 - rate`` and scaled by ``1 / (1 - rate)`` (Vaswani et
-    al., 2017, 5.4, residual dropout). Keras's JAX dropout draws the mask
-    with `jax.random.bernoulli`, whose threefry bits are a chain of 32-bit
-    integer operations for every element. On JAX's CPU, without a
-    `keras.distribution`, this layer takes threefry bits of its own from
-    XLA (`lax.rng_bit_generator`), which XLA's CPU compiler vectorizes:
-    `python -m benchmarks.dropout` draws the 32 masks of a training step
-    faster (`docs/performance.md`). The mask stream is not
-    `keras.layers.Dropout`'s for the same seed, and may change with the
-    XLA version (a test pins it); it is a function of the layer's seed
-    generator, whose state training checkpoints keep. Elsewhere (other
-    backends, JAX on an accelerator, and sharded JAX, where XLA would
-    draw the whole batch's mask on every device) the layer runs
-    `keras.layers.Dropout`'s code, and so does every backend with the
-    ``jax_dropout`` fast path switched off (`keras_transformer.backends`).
+    In training, each element is kept with probability ``1 - rate`` and
+    scaled by ``1 / (1 - rate)`` (Vaswani et al., 2017, 5.4, residual
+    dropout); the masks are Keras's own, a function of the layer's seed
+    generator, whose state training checkpoints keep.
 
     Args:
         rate: the fraction of elements dropped, P_drop, in ``[0, 1]``.
@@ -52,9 +38,4 @@ class Dropout(keras.layers.Dropout):
                 f"the input, of shape {tuple(inputs.shape)}; use None for an "
                 f"axis whose mask varies and 1 for one it is shared along."
             )
-        dropout = backends.dropout_function()
-        if dropout is None:
-            return super().call(inputs, training=training)
-        return dropout(
-            inputs, self.rate, noise_shape, self.seed_generator.next()
-        )
+        return super().call(inputs, training=training)

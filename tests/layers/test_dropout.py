@@ -1,4 +1,4 @@
-"""`layers.Dropout`: Keras's Dropout, with XLA's threefry bits on JAX."""
+"""`layers.Dropout`: Keras's Dropout, registered under this package."""
 
 import keras
 import numpy as np
@@ -12,14 +12,6 @@ from keras_transformer import backends, layers
 from tests.helpers import random_batch, tiny_model, to_numpy
 
 BACKEND = keras.backend.backend()
-
-
-def _jax_fast_dropout():
-    """Whether the ``jax_dropout`` fast path applies here (JAX's CPU,
-    not switched off)."""
-    return backends.enabled("jax_dropout") and (
-        backends.jax_device_kind() == "cpu"
-    )
 
 
 def nonzero_inputs(rng, shape):
@@ -100,44 +92,10 @@ def test_masks_follow_the_seed(rng):
     assert (other != a[0]).any()
 
 
-def test_keras_dropout_off_jax_threefry_bits_on_jax(rng):
+def test_masks_are_keras_dropouts(rng):
     x = nonzero_inputs(rng, (16, 64))
     ours = to_numpy(layers.Dropout(0.5, seed=3)(x, training=True))
     theirs = to_numpy(keras.layers.Dropout(0.5, seed=3)(x, training=True))
-    if _jax_fast_dropout():
-        # The same seed, another stream: XLA's threefry bits.
-        assert ((ours != 0) != (theirs != 0)).any()
-    else:
-        np.testing.assert_array_equal(ours, theirs)
-
-
-@pytest.mark.skipif(not _jax_fast_dropout(), reason="XLA's bits on JAX's CPU")
-def test_jax_mask_stream_is_pinned():
-    # The first mask of seed 1 at rate 0.5, each row's kept elements as
-    # the bits of an int (first column most significant). XLA expands
-    # its threefry itself: if an XLA upgrade changes these bits, resumed
-    # runs draw other masks than an uninterrupted run would have.
-    layer = layers.Dropout(0.5, seed=1)
-    kept = to_numpy(layer(np.ones((4, 16), "float32"), training=True)) != 0
-    rows = [int("".join("1" if k else "0" for k in row), 2) for row in kept]
-    assert rows == [37841, 48097, 42867, 22081]
-
-
-@pytest.mark.skipif(not _jax_fast_dropout(), reason="the JAX CPU path")
-def test_sharded_jax_runs_keras_dropout(rng):
-    # Under a keras.distribution, XLA would draw the whole batch's bits on
-    # every device; the layer runs Keras's partitionable draw instead.
-    x = nonzero_inputs(rng, (8, 32))
-    keras.distribution.set_distribution(
-        keras.distribution.DataParallel(
-            devices=keras.distribution.list_devices()
-        )
-    )
-    try:
-        ours = to_numpy(layers.Dropout(0.5, seed=3)(x, training=True))
-        theirs = to_numpy(keras.layers.Dropout(0.5, seed=3)(x, training=True))
-    finally:
-        keras.distribution.set_distribution(None)
     np.testing.assert_array_equal(ours, theirs)
 
 
