@@ -60,14 +60,13 @@ FAST_PATHS = {
         ),
         FastPath(
             "fused_adam",
-            ("tensorflow", "torch"),
-            "one fused Adam kernel per variable: ResourceApplyAdam on "
-            "TensorFlow, torch._fused_adam_ on torch's CPU "
-            "(backends/adam.py)",
+            ("tensorflow",),
+            "one fused Adam kernel per variable, ResourceApplyAdam, on "
+            "TensorFlow's graph executor (backends/adam.py)",
         ),
         FastPath(
             "fused_loss",
-            ("tensorflow", "torch"),
+            ("tensorflow",),
             "label-smoothed cross-entropy by the backend's fused kernel "
             "(backends/losses.py)",
         ),

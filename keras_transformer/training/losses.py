@@ -18,8 +18,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     and the loss is averaged over real tokens only (the sum of the sample
     weights), not over the padded batch. A ``sample_weight`` from the
     pipeline (0 on padding) gives the same result. A label outside
-    ``[0, vocabulary_size)`` raises on TensorFlow (outside XLA) and torch
-    and makes the loss NaN on JAX.
+    ``[0, vocabulary_size)`` raises on TensorFlow (outside XLA) and makes
+    the loss NaN elsewhere.
 
     Args:
         label_smoothing: eps_ls, 0.1 in the paper.
@@ -94,8 +94,8 @@ def _smoothed_cross_entropy(labels, logits, eps):
     With ``lse = logsumexp(z)`` and ``-log p(k) = lse - z_k`` the loss is
     ``lse - (1 - eps) * z_y - eps * mean_k(z_k)``: no log-softmax over
     the vocabulary is kept for the backward pass. XLA fuses it on JAX;
-    on torch and TensorFlow the ``fused_loss`` fast path computes it with
-    the backend's fused kernel (`keras_transformer.backends.losses`).
+    on TensorFlow the ``fused_loss`` fast path computes it with its
+    fused kernel (`keras_transformer.backends.losses`).
     """
     fused = backends.smoothed_cross_entropy_function()
     if fused is not None:

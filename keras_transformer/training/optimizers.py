@@ -1,4 +1,4 @@
-"""`Adam`: Keras's Adam, with a faster update on torch and TensorFlow."""
+"""`Adam`: Keras's Adam, with a faster update on TensorFlow."""
 
 import keras
 
@@ -7,12 +7,12 @@ from keras_transformer import backends
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Adam(keras.optimizers.Adam):
-    """`keras.optimizers.Adam`, with the same update, faster on torch and
+    """`keras.optimizers.Adam`, with the same update, faster on
     TensorFlow.
 
     Keras writes Adam's update as about ten tensor operations per
     variable, each a pass over the variable. Where the ``fused_adam``
-    fast path applies (TensorFlow's graph executor, torch; see
+    fast path applies (TensorFlow's graph executor; see
     `keras_transformer.backends.adam`), each variable is updated by one
     fused kernel that reads the gradient, variable and moments once;
     elsewhere, and with that path switched off, Keras's code runs.
@@ -51,14 +51,6 @@ class Adam(keras.optimizers.Adam):
         # The ``fused_adam`` fast path where it applies (see
         # `keras_transformer.backends`), chosen once.
         self._fused = None if self.amsgrad else backends.fused_adam()
-
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if getattr(self, "_fused", None) and keras.backend.backend() == "torch":
-            self._fused.torch_update(
-                self, grads, trainable_variables, learning_rate
-            )
-            return
-        super()._backend_update_step(grads, trainable_variables, learning_rate)
 
     def update_step(self, gradient, variable, learning_rate):
         # Called per variable by Keras's `_backend_update_step` on JAX and
