@@ -61,6 +61,10 @@ def test_training_smoke(tmp_path):
     assert rows["ours"]["jit_compile"] is auto
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="jit_compile=True is torch.compile on torch",
+)
 def test_training_under_xla_has_no_keras_adam_contestant():
     # Under XLA our Adam runs Keras's code: a contestant would be a copy.
     report = training.main(
