@@ -97,12 +97,7 @@ def import_circles():
     }
     circles = []
     for module in graph:
-        reachable, pending = set(), list(graph[module])
-        while pending:
-            name = pending.pop()
-            if name not in reachable:
-                reachable.add(name)
-                pending.extend(graph[name])
+        reachable = _reach(graph, module)
         if module in reachable:
             circle = sorted(m for m in reachable if module in _reach(graph, m))
             if circle not in circles:
@@ -111,6 +106,7 @@ def import_circles():
 
 
 def _reach(graph, start):
+    """The modules ``start`` imports, directly or through others."""
     seen, pending = set(), list(graph[start])
     while pending:
         name = pending.pop()
