@@ -345,6 +345,67 @@ class Translator:
             for i in range(len(token_lists))
         ]
 
+    # --- scoring
+
+    def score(self, sentences, targets, batch_size=None):
+        """The model's scores of given translations (teacher forcing).
+
+        Args:
+            sentences: a list of source str.
+            targets: a list of target str, one per sentence.
+            batch_size: sentences per forward pass (the generation
+                config's by default).
+
+        Returns:
+            A list of ``(score, log_prob)`` float pairs: the
+            length-normalized score with the generation config's length
+            penalty, and the total log-probability of the target tokens
+            and the end token.
+        """
+        sentences = self._check_sentences(sentences)
+        targets = self._check_sentences(targets)
+        if len(targets) != len(sentences):
+            raise ValueError(
+                f"There are {len(sentences)} sentences but {len(targets)} "
+                "targets; pass one target per sentence."
+            )
+        config = self.generation_config
+        batch_size = batch_size or config.batch_size
+        sources = self._tokenize(sentences, config)
+        hypotheses = self._tokenize(targets, config)
+        results = []
+        for begin in range(0, len(sources), batch_size):
+            end = begin + batch_size
+            ids, mask = self._pad(
+                [*row, self.tokenizer.end_id] for row in sources[begin:end]
+            )
+            target_ids, _ = self._pad(
+                [*row, self.tokenizer.end_id] for row in hypotheses[begin:end]
+            )
+            log_probs, _, scores = self.generator.score(
+                ids,
+                target_ids,
+                mask,
+                length_penalty=config.length_penalty,
+                length_penalty_style=config.length_penalty_style,
+            )
+            results += [
+                (float(s), float(p))
+                for s, p in zip(scores, log_probs, strict=True)
+            ]
+        return results
+
+    def _pad(self, rows):
+        """``(ids, mask)`` int32 arrays of rows padded to the longest."""
+        rows = list(rows)
+        width = max(len(row) for row in rows)
+        ids = np.full((len(rows), width), self.tokenizer.pad_id, "int32")
+        mask = np.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return ids, mask
+
     # --- attention
 
     def attention(self, sentences, targets=None, **settings):
@@ -497,6 +558,39 @@ class Translator:
             os.path.join(directory, GENERATION_CONFIG_FILE),
             self.generation_config.to_dict(),
         )
+
+    def export(self, directory, overwrite=False):
+        """Writes a TensorFlow SavedModel for serving: its
+        ``serving_default`` signature takes a batch of ``tf.string``
+        sentences and returns their translations and scores, with
+        tokenization, the cached search of this translator's generation
+        settings and detokenization in the graph. It loads with
+        ``tf.saved_model.load`` where only ``tensorflow`` and
+        ``tensorflow-text`` are installed. See
+        `keras_transformer.export.export_translator`.
+
+        Args:
+            directory: the SavedModel directory to write.
+            overwrite: replace a non-empty ``directory``; without it a
+                non-empty directory is refused before any work.
+        """
+        directory = os.fspath(directory)
+        if os.path.isdir(directory) and os.listdir(directory):
+            if not overwrite:
+                raise FileExistsError(
+                    f"{directory!r} exists and is not empty; pass "
+                    "overwrite=True (--overwrite) or another directory."
+                )
+        elif os.path.exists(directory):
+            raise FileExistsError(
+                f"{directory!r} is a file, not a directory; pass another "
+                "directory."
+            )
+        # TensorFlow is imported only when exporting: translating on
+        # JAX or torch does not need it.
+        from keras_transformer.export import export_translator
+
+        return export_translator(self, directory)
 
     def push_to_hub(self, repo_id, **options):
         """Uploads the translator to the Hugging Face Hub in one commit,
