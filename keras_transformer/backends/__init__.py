@@ -60,9 +60,10 @@ FAST_PATHS = {
         ),
         FastPath(
             "fused_adam",
-            ("tensorflow",),
-            "one fused Adam kernel per variable, ResourceApplyAdam, on "
-            "TensorFlow's graph executor (backends/adam.py)",
+            ("tensorflow", "torch"),
+            "Adam's update as one fused kernel: ResourceApplyAdam on "
+            "TensorFlow's graph executor, torch._fused_adam_ on the CPU "
+            "(backends/adam.py)",
         ),
         FastPath(
             "fused_loss",

@@ -1,4 +1,4 @@
-"""`Adam`: Keras's Adam, with a faster update on TensorFlow."""
+"""`Adam`: Keras's Adam, with a faster update on TensorFlow and torch."""
 
 import keras
 
@@ -8,7 +8,7 @@ from keras_transformer import backends
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Adam(keras.optimizers.Adam):
     """`keras.optimizers.Adam`, with the same update, faster on
-    TensorFlow.
+    TensorFlow and torch.
 
     Keras writes Adam's update as about ten tensor operations per
     variable, each a pass over the variable. Where the ``fused_adam``
@@ -52,12 +52,25 @@ class Adam(keras.optimizers.Adam):
         # `keras_transformer.backends`), chosen once.
         self._fused = None if self.amsgrad else backends.fused_adam()
 
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        # On torch Keras updates all variables here, without `update_step`.
+        fused = getattr(self, "_fused", None)
+        if fused and keras.backend.backend() == "torch":
+            grads, trainable_variables = fused.torch_update(
+                self, grads, trainable_variables, learning_rate
+            )
+            if not trainable_variables:
+                return
+        super()._backend_update_step(grads, trainable_variables, learning_rate)
+
     def update_step(self, gradient, variable, learning_rate):
         # Called per variable by Keras's `_backend_update_step` on JAX and
         # TensorFlow (inside its `tf.distribute` plumbing on TensorFlow).
         fused = getattr(self, "_fused", None)
-        if fused and fused.tensorflow_update(
-            self, gradient, variable, learning_rate
+        if (
+            fused
+            and keras.backend.backend() == "tensorflow"
+            and fused.tensorflow_update(self, gradient, variable, learning_rate)
         ):
             return
         super().update_step(gradient, variable, learning_rate)

@@ -201,10 +201,13 @@ def test_adam_matches_a_float64_reference(epsilon):
     )
     reference = _adam_reference(epsilon=epsilon)
     # Keras's float32 update is 2e-6 off: ours runs it where the
-    # ``fused_adam`` fast path does not apply. The fused kernel is within
-    # 4e-7.
-    loose = not backends.enabled("fused_adam")
-    for a, b in zip(ours, reference, strict=False):
+    # ``fused_adam`` fast path does not apply, and on torch for the
+    # column-major variable 0, which the fused kernel cannot walk. The
+    # fused kernels are within 4e-7.
+    fused = backends.enabled("fused_adam")
+    torch = keras.backend.backend() == "torch"
+    for i, (a, b) in enumerate(zip(ours, reference, strict=False)):
+        loose = not fused or (torch and i == 0)
         np.testing.assert_allclose(a, b, rtol=0, atol=3e-6 if loose else 1e-6)
 
 
