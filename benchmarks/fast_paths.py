@@ -8,7 +8,7 @@ For the current Keras backend, every fast path that serves it (see
 process, contestants alternating in rounds, at the base size (Table 3,
 random weights, a tokenizer of 8000 pieces trained on Multi30k):
 
-- ``fused_adam``, ``fused_loss``: a training step
+- ``fused_adam``, ``fused_loss``, ``jax_train_options``: a training step
   (`train_on_batch`, 32 pairs of 32 tokens, the paper's optimizer and
   label-smoothed loss, dropout 0.1);
 - ``torch_decoder``, ``tensorflow_filler_row``: `Translator.translate`
@@ -30,7 +30,7 @@ from benchmarks import _common
 
 MULTI30K = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 MULTI30K = MULTI30K / "multi30k"
-TRAINING_PATHS = ("fused_adam", "fused_loss")
+TRAINING_PATHS = ("fused_adam", "fused_loss", "jax_train_options")
 DECODING_PATHS = ("torch_decoder", "tensorflow_filler_row")
 
 

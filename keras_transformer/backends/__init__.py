@@ -72,6 +72,13 @@ FAST_PATHS = {
             "(backends/losses.py)",
         ),
         FastPath(
+            "jax_train_options",
+            ("jax",),
+            "the training step compiled with XLA's region-analysis copy "
+            "insertion on the CPU (backends/jax_training.py), which drops "
+            "a copy of every variable per step",
+        ),
+        FastPath(
             "tensorflow_filler_row",
             ("tensorflow",),
             "a lone cached one-hypothesis source searched beside a filler "
@@ -184,6 +191,17 @@ def fused_adam():
     return adam
 
 
+def make_train_function(model):
+    """Builds ``model``'s compiled training step with the
+    ``jax_train_options`` fast path where it applies and returns True;
+    else False, and Keras's `make_train_function` is to run."""
+    if not enabled("jax_train_options"):
+        return False
+    from keras_transformer.backends import jax_training
+
+    return jax_training.make_train_function(model)
+
+
 def smoothed_cross_entropy_function():
     """``fn(labels, logits, eps)`` of the ``fused_loss`` fast path where
     it applies, else None."""
@@ -214,6 +232,7 @@ __all__ = [
     "enabled",
     "fused_adam",
     "global_rng_state",
+    "make_train_function",
     "search_rows",
     "set_global_rng_state",
     "smoothed_cross_entropy_function",

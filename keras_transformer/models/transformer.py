@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_transformer import backends
 from keras_transformer.layers import (
     SinusoidalPositionEncoding,
     TokenEmbedding,
@@ -168,6 +169,14 @@ class Transformer(keras.Model):
             setattr(self, name, value)
 
     # --- the three stages, shared by the graph and the decoding entry points
+
+    def make_train_function(self, force=False):
+        if self.train_function is not None and not force:
+            return
+        # A backend's own compilation of Keras's training step, where the
+        # seam has one (`keras_transformer.backends`).
+        if not backends.make_train_function(self):
+            super().make_train_function(force=force)
 
     def _encode(self, token_ids, padding_mask, training=None):
         x = self.encoder_token_embedding(token_ids)
