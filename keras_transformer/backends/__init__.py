@@ -163,10 +163,11 @@ def broadcast_attention_masks():
 
 def cached_decoder(model, cache_layout):
     """``fn(token_ids, cache, index, encoder_padding_mask)``, the
-    ``torch_decoder`` fast path for ``model``'s cached decoding step,
-    where it applies (torch, a stacked cache, a model whose decoder it
-    computes); else None, and the search calls `Transformer.decode`."""
-    if cache_layout != "stacked" or not enabled("torch_decoder"):
+    ``torch_decoder`` fast path for ``model``'s cached decoding step with
+    a ``"stacked"`` or ``"split"`` cache, where it applies (torch, a
+    model whose decoder it computes); else None, and the search calls
+    `Transformer.decode`."""
+    if cache_layout not in ("stacked", "split") or not enabled("torch_decoder"):
         return None
     from keras_transformer.backends import torch_decoding
 
@@ -174,11 +175,14 @@ def cached_decoder(model, cache_layout):
 
 
 def default_cache_layout():
-    """The decoder cache layout a search uses by default: ``"stacked"``
-    where the ``torch_decoder`` fast path applies (it writes each step
-    into the stacked cache in place), else ``"split"``, which XLA reads
-    and updates in place while it copies slices of a stacked cache."""
-    return "stacked" if enabled("torch_decoder") else "split"
+    """The decoder cache layout a search uses by default: ``"split"``, one
+    keys tensor and one values tensor per layer, heads first. XLA reads
+    and updates those in place, while it copies slices of a stacked
+    cache; the ``torch_decoder`` fast path writes either in place, and a
+    beam search's reordering of the cache rows each step allocates one
+    buffer per tensor, where smaller buffers come back from the
+    allocator's free lists instead of fresh pages."""
+    return "split"
 
 
 def fused_adam():

@@ -14,14 +14,16 @@ per search:
 - layer normalizations: `F.layer_norm`;
 - attention: `F.scaled_dot_product_attention`; each step writes its keys
   and values into the stacked cache in place, instead of copying the
-  whole cache as `ops.slice_update` does;
+  whole cache as `ops.slice_update` does, and attends over the positions
+  written so far, not the whole buffer, which the causal mask would hide;
 - the attention masks of a step: computed once for every layer.
 
-The embeddings, positions, final norm and output projection stay Keras
-layer calls (once per step). A model whose decoder is not what this
-module computes (float16 or bfloat16, quantized or LoRA layers, other
-activations or normalizations, options it does not know) gets None, and
-its search runs `Transformer.decode`.
+The embeddings, positions (a table read once per search), final norm and
+tied output projection are torch kernels too. A model whose decoder is not
+what this module computes (float16 or bfloat16, quantized or LoRA layers,
+a feed-forward activation other than ReLU, SiLU or linear, other
+normalizations, options it does not know) gets None, and its search runs
+`Transformer.decode`.
 """
 
 import math
@@ -35,8 +37,14 @@ from keras_transformer.layers.multi_head_attention import (
 )
 
 _LINEAR = keras.activations.linear
-# Activations computed here, and the torch function of each.
-_ACTIVATIONS = {_LINEAR: None, keras.activations.relu: torch.relu}
+# Activations computed here, and the torch function of each: the
+# functions Keras's torch backend calls for them. SiLU (swish) is the
+# feed-forward activation of Marian (OPUS-MT) models.
+_ACTIVATIONS = {
+    _LINEAR: None,
+    keras.activations.relu: torch.relu,
+    keras.activations.silu: F.silu,
+}
 # The head projections' einsum equations, and how many input axes each
 # contracts with the kernel: a matrix product.
 _CONTRACTED_AXES = {"btd,dnh->btnh": 1, "btnh,nhd->btd": 2}
@@ -66,8 +74,9 @@ _DECODER_CONFIG = frozenset(
 def cached_decoder(model):
     """``decode(token_ids, cache, index, encoder_padding_mask,
     decoder_padding_mask=None) -> (logits, cache)``: `Transformer.decode`
-    for a stacked cache, writing each step into ``cache`` in place; None
-    where ``model``'s decoder is not what this module computes.
+    for a stacked or split cache (`Transformer.init_cache`), writing each
+    step into ``cache`` in place; None where ``model``'s decoder is not
+    what this module computes.
 
     The weights are read here, as views of their variables, so weights
     assigned later in place are seen; call it again after quantizing a
@@ -89,42 +98,62 @@ def cached_decoder(model):
     ):
         index = int(index)
         token_ids = keras.ops.convert_to_tensor(token_ids, "int32")
-        self_cache = cache["self_attention"]
-        cross_cache = cache["cross_attention"]
+        self_caches = _layer_caches(cache["self_attention"])
+        cross_caches = _layer_caches(cache["cross_attention"])
         steps = token_ids.shape[1]
+        source_length = cross_caches[0][0].shape[2]
         masks = (
-            attention_mask_of_call(
-                steps,
-                self_cache.shape[3],
-                decoder_padding_mask,
-                use_causal_mask=True,
-                cache_update_index=index,
-            ),
-            attention_mask_of_call(
-                steps, cross_cache.shape[3], encoder_padding_mask
-            ),
+            _self_attention_mask(steps, index, decoder_padding_mask),
+            attention_mask_of_call(steps, source_length, encoder_padding_mask),
         )
         # Embeddings x sqrt(d_model) plus positions (3.4, 3.5).
         x = F.embedding(token_ids, ends["embeddings"]) * ends["scale"]
         x = x + ends["positions"][index : index + steps]
-        for i, layer_weights in enumerate(layers):
-            x = decoder_step(
-                layer_weights,
-                x,
-                masks,
-                self_cache[:, i],
-                index,
-                cross_cache[:, i],
-            )
+        for weights, self_cache, cross_cache in zip(
+            layers, self_caches, cross_caches, strict=True
+        ):
+            x = decoder_step(weights, x, masks, self_cache, index, cross_cache)
         if ends["final_norm"] is not None:
             x = _normalize(x, ends["final_norm"])
-        # The pre-softmax projection shares the embedding matrix (3.4).
-        logits = torch.matmul(x, ends["embeddings"].t())
-        if ends["bias"] is not None:
-            logits = logits + ends["bias"]
-        return logits, cache
+        # The pre-softmax projection shares the embedding matrix (3.4);
+        # the bias is added inside the product.
+        rows = x.reshape(-1, x.shape[-1])
+        logits = _matmul(rows, ends["embeddings"].t(), ends["bias"])
+        return logits.view(*x.shape[:-1], -1), cache
 
     return decode
+
+
+def _layer_caches(cache):
+    """Each decoder layer's ``(keys, values)``, ``(batch, heads, length,
+    head_dim)`` views of a stacked cache, ``(batch, layers, 2, length,
+    heads, head_dim)``, or the pairs of a split one."""
+    if isinstance(cache, (tuple, list)):
+        return cache
+    return [
+        (cache[:, i, 0].transpose(1, 2), cache[:, i, 1].transpose(1, 2))
+        for i in range(cache.shape[1])
+    ]
+
+
+def _self_attention_mask(steps, index, decoder_padding_mask):
+    """The self-attention mask of a step over the cached positions it can
+    see, ``[0, index + steps)``: the positions after them are hidden by
+    the causal mask (section 3.2.3), so the step attends over these
+    alone. None for one step without a padding mask, which sees all of
+    them."""
+    if steps == 1 and decoder_padding_mask is None:
+        return None
+    length = index + steps
+    if decoder_padding_mask is not None:
+        decoder_padding_mask = decoder_padding_mask[:, :length]
+    return attention_mask_of_call(
+        steps,
+        length,
+        decoder_padding_mask,
+        use_causal_mask=True,
+        cache_update_index=index,
+    )
 
 
 def _embedding_and_logits(model):
@@ -287,16 +316,18 @@ def decoder_step_weights(layer):
 
 
 def decoder_step(weights, x, masks, cache, index, cross_cache):
-    """`TransformerDecoderLayer.call` with a stacked self-attention cache,
-    at inference, as the arithmetic it comes to: the torch kernels of the
+    """`TransformerDecoderLayer.call` with a self-attention cache, at
+    inference, as the arithmetic it comes to: the torch kernels of the
     sublayer calls above, on ``(batch * steps, width)`` rows.
 
     ``x``: ``(batch, steps, width)``; ``masks``: the boolean self- and
-    cross-attention masks of the step; ``cache``: this layer's ``(batch,
-    2, max_length, heads, head_dim)`` view of the stacked cache, written
-    at ``index`` in place; ``cross_cache``: ``(batch, 2, source_length,
-    heads, head_dim)``. Returns the layer's output, ``(batch, steps,
-    width)``.
+    cross-attention masks of the step, the former over the cached
+    positions ``[0, index + steps)`` (`_self_attention_mask`);
+    ``cache``: this layer's keys and values, ``(batch, heads, max_length,
+    head_dim)`` each (views of the model's cache), written at ``index``
+    in place; ``cross_cache``: the encoder output's, ``(batch, heads,
+    source_length, head_dim)`` each (`_layer_caches`).
+    Returns the layer's output, ``(batch, steps, width)``.
     """
     batch, steps, width = x.shape
     self_norm, cross_norm, feed_forward_norm = weights["norms"]
@@ -311,27 +342,27 @@ def decoder_step(weights, x, masks, cache, index, cross_cache):
     def self_attention(rows):
         query, key, value, output = weights["self_attention"]
         heads = weights["self_attention_heads"]
-        # (batch, steps, heads, head_dim)
-        _write_cache_in_place(
-            cache,
-            index,
-            _matmul(rows, *key).view(batch, steps, *heads),
-            _matmul(rows, *value).view(batch, steps, *heads),
-        )
-        queries = _matmul(rows, *query).view(batch, steps, *heads)
+        keys, values = cache
+        # The positions written so far; `self_mask` covers them alone.
+        length = index + steps
+        for projection, stored in ((key, keys), (value, values)):
+            # (batch, heads, steps, head_dim), written in place.
+            stored[:, :, index:length] = _heads(rows, projection, batch, heads)
         attended = _dot_product_attention(
-            queries, cache[:, 0], cache[:, 1], self_mask, _scale(heads)
+            _heads(rows, query, batch, heads),
+            keys[:, :, :length],
+            values[:, :, :length],
+            self_mask,
+            _scale(heads),
         )
         return _matmul(attended.reshape(batch * steps, -1), *output)
 
     def cross_attention(rows):
         query, output = weights["cross_attention"]
         heads = weights["cross_attention_heads"]
-        queries = _matmul(rows, *query).view(batch, steps, *heads)
         attended = _dot_product_attention(
-            queries,
-            cross_cache[:, 0],
-            cross_cache[:, 1],
+            _heads(rows, query, batch, heads),
+            *cross_cache,
             cross_mask,
             _scale(heads),
         )
@@ -363,24 +394,17 @@ def _normalize(rows, norm):
 # --- ops
 
 
+def _heads(rows, projection, batch, heads):
+    """A head projection of ``(batch * steps, width)`` rows, ``(batch,
+    heads, steps, head_dim)``."""
+    return _matmul(rows, *projection).view(batch, -1, *heads).transpose(1, 2)
+
+
 def _dot_product_attention(query, key, value, mask=None, scale=None):
-    # (batch, length, heads, head_dim) in and out, as in Keras; a boolean
-    # mask (True attends), which `MultiHeadAttention` never leaves without
-    # a visible key in a row.
+    # (batch, heads, length, head_dim) in, (batch, length, heads,
+    # head_dim) out, as in Keras; a boolean mask (True attends), which
+    # `MultiHeadAttention` never leaves without a visible key in a row.
     output = F.scaled_dot_product_attention(
-        query.transpose(1, 2),
-        key.transpose(1, 2),
-        value.transpose(1, 2),
-        attn_mask=mask,
-        scale=scale,
+        query, key, value, attn_mask=mask, scale=scale
     )
     return output.transpose(1, 2)
-
-
-def _write_cache_in_place(cache, index, key, value):
-    # cache: (batch, 2, max_length, heads, head_dim), a view of the
-    # model's cache; key, value: (batch, steps, heads, head_dim).
-    index = int(index)
-    steps = key.shape[1]
-    cache[:, 0, index : index + steps] = key
-    cache[:, 1, index : index + steps] = value

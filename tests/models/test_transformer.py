@@ -390,10 +390,10 @@ def test_fast_decoder_decodes_as_the_model(shapes, chunks, normalize_first):
     ["float32", "linear", "split", "lora", "int8", "gelu", "new_option"],
 )
 def test_torch_decoder_serves_the_models_it_computes(setting, monkeypatch, rng):
-    """On torch, a float32 model with a stacked cache decodes through the
-    ``torch_decoder`` fast path: no decoder layer's `call` is reached. A
-    split cache, LoRA, a quantized layer, an activation other than ReLU
-    or linear, and a layer option the fast path does not know make it
+    """On torch, a float32 model with a stacked or split cache decodes
+    through the ``torch_decoder`` fast path: no decoder layer's `call` is
+    reached. LoRA, a quantized layer, an activation it does not compute
+    (GELU) and a layer option the fast path does not know make it
     decline (None), and the model's own `decode` runs; every setting
     gives the logits of `Transformer.decode`."""
     activation = {"linear": "linear", "gelu": "gelu"}.get(setting, "relu")
@@ -420,6 +420,7 @@ def test_torch_decoder_serves_the_models_it_computes(setting, monkeypatch, rng):
     served = backends.enabled("torch_decoder") and setting in (
         "float32",
         "linear",
+        "split",
     )
     assert (fast is not None) == served
     calls = _count_decoder_layer_calls(monkeypatch)

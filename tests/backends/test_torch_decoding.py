@@ -1,0 +1,134 @@
+"""The ``torch_decoder`` fast path on a Marian-shaped decoder (SiLU
+feed-forward, logits bias, positions in two halves): it serves such a
+model on torch and decodes, step by step and through a whole beam search,
+as the model's own `Transformer.decode` does. On the other backends the
+fast path declines and the same comparisons hold trivially."""
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keras_transformer import backends
+from keras_transformer.generation.generator import Generator
+from tests.helpers import random_batch, tiny_model, to_numpy
+
+# `keras_transformer.marian.model_options` of an OPUS-MT checkpoint,
+# shrunk.
+_MARIAN_OPTIONS = dict(
+    activation="silu",
+    use_output_bias=True,
+    position_encoding_layout="concatenated",
+    scale_embeddings=True,
+    layer_norm_epsilon=1e-5,
+)
+
+
+def _marian_model(seed, normalize_first=False):
+    """A tiny Marian-shaped model with every weight moved off its initial
+    value (biases off zero, scales off one), so that a step that drops or
+    swaps one of them computes something else."""
+    keras.utils.set_random_seed(seed)
+    model = tiny_model(normalize_first=normalize_first, **_MARIAN_OPTIONS)
+    rng = np.random.default_rng(seed)
+    model.set_weights(
+        [
+            w + 0.2 * rng.normal(size=w.shape).astype(w.dtype)
+            for w in model.get_weights()
+        ]
+    )
+    return model
+
+
+_models = {flag: _marian_model(3, flag) for flag in (False, True)}
+
+
+def _step_by_step(model, batch, decode):
+    """Logits ``(batch, target_length, V)`` and the stacked cache of
+    ``decode`` run one target token at a time, and whether it wrote into
+    the cache it was first given."""
+    encoder_output = model.encode(
+        batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    )
+    target = batch["decoder_token_ids"]
+    cache = model.init_cache(encoder_output, target.shape[1] + 1)
+    first = cache["self_attention"]
+    logits = []
+    for index in range(target.shape[1]):
+        step, cache = decode(
+            target[:, index : index + 1],
+            cache,
+            keras.ops.convert_to_tensor(index, "int32"),
+            batch["encoder_padding_mask"],
+        )
+        logits.append(to_numpy(step))
+    return (
+        np.concatenate(logits, axis=1),
+        to_numpy(cache["self_attention"]),
+        bool(np.any(to_numpy(first))),
+    )
+
+
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_fast_path_serves_a_marian_decoder(normalize_first, rng):
+    """On torch, the fast path computes a SiLU decoder with a logits bias
+    (it writes each step into the cache in place, which
+    `Transformer.decode` never does), and its logits and cache are those
+    of `Transformer.decode` to float32 rounding. Elsewhere it declines."""
+    model = _models[normalize_first]
+    fast = backends.cached_decoder(model, "stacked")
+    served = backends.enabled("torch_decoder")
+    assert (fast is not None) == served
+    batch = random_batch(rng, 3, 7, 5)
+    batch["decoder_padding_mask"][:] = 1
+    expected, expected_cache, copied = _step_by_step(model, batch, model.decode)
+    assert not copied
+    logits, cache, in_place = _step_by_step(model, batch, fast or model.decode)
+    assert in_place == served
+    assert logits.shape == (3, 5, model.vocabulary_size)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(cache, expected_cache, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the torch_decoder fast path serves torch only: elsewhere both "
+    "searches would run the same code",
+)
+@settings(max_examples=6, deadline=None)
+@given(
+    st.integers(1, 3),  # sources
+    st.integers(1, 9),  # source length
+    st.sampled_from([1, 2, 4]),  # beam size
+    st.integers(0, 2**31 - 1),  # seed
+)
+def test_beam_search_through_the_fast_path_is_the_generic_one(
+    sources, source_length, beam_size, seed
+):
+    """A whole search as `Translator.from_pretrained` runs a Marian model
+    (Hugging Face's beam search, forced end token): with the fast path
+    the same hypotheses, and scores to float32 rounding, as with it
+    switched off (`Transformer.decode` with Keras layer calls)."""
+    model = _models[seed % 2 == 1]
+    batch = random_batch(np.random.default_rng(seed), sources, source_length)
+    options = dict(
+        method="beam",
+        beam_size=beam_size,
+        max_length=6,
+        length_penalty=1.0,
+        length_penalty_style="hf",
+        force_end_token=True,
+    )
+    ids, mask = batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    fast = Generator(model).generate(ids, mask, **options)
+    with backends.disabled("torch_decoder"):
+        plain = Generator(model).generate(ids, mask, **options)
+    np.testing.assert_array_equal(fast.token_ids, plain.token_ids)
+    np.testing.assert_array_equal(fast.lengths, plain.lengths)
+    np.testing.assert_allclose(fast.scores, plain.scores, atol=1e-5)
+    np.testing.assert_allclose(fast.log_probs, plain.log_probs, atol=1e-5)
+    # Forced end: every hypothesis ends within the limit, with the end id.
+    assert np.all((fast.lengths >= 1) & (fast.lengths <= 6))
+    last = np.take_along_axis(fast.token_ids, fast.lengths[..., None] - 1, 2)
+    assert np.all(last == 3)
