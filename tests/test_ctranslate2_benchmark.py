@@ -1,0 +1,82 @@
+"""`python -m benchmarks.ctranslate2 --smoke`: every contestant times and
+translates, and on the same weights in float32 ours translates as
+CTranslate2 does."""
+
+import json
+
+import keras
+import pytest
+
+pytest.importorskip("ctranslate2")
+pytest.importorskip("transformers")
+
+from benchmarks import ctranslate2 as benchmark  # noqa: E402
+from tests.conftest import MULTI30K  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    path = tmp_path_factory.mktemp("ctranslate2") / "smoke.json"
+    report = benchmark.main(
+        ["--smoke", "--threads", "0", "--output", str(path)]
+    )
+    return report, json.loads(path.read_text())
+
+
+def test_smoke_times_every_contestant(smoke):
+    report, written = smoke
+    assert written == json.loads(json.dumps(report))
+    assert written["backend"] == keras.backend.backend()
+    assert written["rounds"] == 1
+    rows = {row["contestant"]: row for row in written["rows"]}
+    timed = {
+        "ours_float32",
+        "ctranslate2_float32",
+        "ctranslate2_int8",
+        "transformers",
+    }
+    assert timed <= set(rows)
+    # Ours in int8 runs where the translator quantizes, else says why not.
+    assert "ours_int8" in rows
+    if "skipped" in rows["ours_int8"]:
+        assert "quantize" in rows["ours_int8"]["skipped"]
+    else:
+        timed.add("ours_int8")
+    for name in timed:
+        row = rows[name]
+        assert row["sentences_per_s"] > 0
+        assert len(row["seconds_per_round"]) == 1
+        translations = written["translations"][name]
+        assert len(translations) == written["sentences"] == 8
+        assert all(isinstance(t, str) for t in translations)
+        assert any(translations)
+    # Speeds relative to CTranslate2 float32: one round, so exactly the
+    # ratio of the medians.
+    reference = rows["ctranslate2_float32"]
+    assert reference["vs_ctranslate2_float32"] == 1.0
+    for name in timed:
+        expected = rows[name]["sentences_per_s"] / reference["sentences_per_s"]
+        assert rows[name]["vs_ctranslate2_float32"] == pytest.approx(
+            expected, rel=2e-2
+        )
+
+
+def test_ours_translates_as_ctranslate2_on_the_same_weights(smoke):
+    """The same Marian weights, the same tokenization and beam search of
+    4 in float32: equal translations for most sentences (a tie between
+    hypotheses may fall either way in the last float32 bits), so the
+    speeds compare the same work."""
+    _, written = smoke
+    rows = {row["contestant"]: row for row in written["rows"]}
+    translations = written["translations"]
+    reference = translations["ctranslate2_float32"]
+    same = sum(
+        a == b
+        for a, b in zip(translations["ours_float32"], reference, strict=True)
+    )
+    assert rows["ours_float32"]["same_as_ctranslate2_float32"] == same
+    assert same >= 6
+    # The row counts what it names: CTranslate2 equals itself.
+    assert rows["ctranslate2_float32"]["same_as_ctranslate2_float32"] == 8
