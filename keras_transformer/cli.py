@@ -2,7 +2,11 @@
 
 import argparse
 import contextlib
+import dataclasses
+import functools
+import itertools
 import sys
+import time
 
 from keras_transformer.version import __version__
 
@@ -12,8 +16,9 @@ def build_parser():
         prog="keras-transformer",
         description=(
             "The Transformer of 'Attention Is All You Need' for Keras 3: "
-            "train, evaluate, average checkpoints, translate, and share "
-            "on the Hugging Face Hub (push, pull)."
+            "train, evaluate, average checkpoints, translate, score "
+            "given translations, export for serving, and share on the "
+            "Hugging Face Hub (push, pull)."
         ),
     )
     parser.add_argument(
@@ -24,6 +29,8 @@ def build_parser():
     _add_evaluate(commands)
     _add_average(commands)
     _add_translate(commands)
+    _add_score(commands)
+    _add_export(commands)
     _add_plot_training(commands)
     _add_push(commands)
     _add_pull(commands)
@@ -186,27 +193,32 @@ def _add_evaluate(commands):
     parser.add_argument("--reference", default=None)
     parser.add_argument("--limit", type=int, default=None)
     _add_search_arguments(parser)
+    _add_quantize_argument(parser)
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_evaluate)
 
 
 def _add_search_arguments(parser):
     """Generation settings that override those saved with the model."""
-    parser.add_argument("--beam-size", type=int, default=None)
+    parser.add_argument("--beam-size", type=_positive_int, default=None)
     parser.add_argument("--length-penalty", type=float, default=None)
 
 
 def _load_translator(args, *names):
     """--model's translator; the settings ``names`` given on the command
-    line replace the saved ones."""
+    line replace the saved ones, and --quantize, where the command has
+    it, quantizes its weights."""
     from keras_transformer.generation import Translator
 
     settings = {
         name: getattr(args, name)
         for name in ("beam_size", "length_penalty", *names)
-        if getattr(args, name) is not None
+        if getattr(args, name, None) is not None
     }
-    return Translator.from_pretrained(args.model, **settings)
+    translator = Translator.from_pretrained(args.model, **settings)
+    if getattr(args, "quantize", None):
+        translator.quantize(args.quantize)
+    return translator
 
 
 def _evaluate(args):
@@ -295,9 +307,12 @@ def _add_translate(commands):
         description=(
             "Translates one sentence per line from a file or standard "
             "input with a translator saved by Translator.save, and writes "
-            "one translation per line (empty lines stay empty). Defaults "
-            "are the paper's: beam size 4, length penalty 0.6, at most "
-            "input length + 50 tokens."
+            "one translation per line (empty lines stay empty). The input "
+            "is read and translated in chunks of --chunk-size lines, each "
+            "written and flushed before the next is read: memory stays "
+            "flat on inputs of any length, and a pipe gets its first "
+            "translations early. Defaults are the paper's: beam size 4, "
+            "length penalty 0.6, at most input length + 50 tokens."
         ),
     )
     parser.add_argument(
@@ -313,18 +328,45 @@ def _add_translate(commands):
     parser.add_argument(
         "--method", choices=("beam", "greedy", "sample"), default=None
     )
+    _add_sampling_arguments(parser)
+    parser.add_argument(
+        "--n-best",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help="print the K best translations of each line (K samples with "
+        "--sample) as 'INDEX ||| TRANSLATION ||| SCORE', INDEX the 0-based "
+        "input line, best first; beam search needs --beam-size >= K",
+    )
     parser.add_argument(
         "--max-length-offset",
         type=int,
         default=None,
         help="at most input length + this many tokens (50 in the paper)",
     )
-    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--batch-size", type=_positive_int, default=None)
+    parser.add_argument(
+        "--chunk-size",
+        type=_positive_int,
+        default=None,
+        metavar="LINES",
+        help="lines read, sorted by length, translated and written at a "
+        f"time (default {CHUNK_SIZE}; 1 when the input is a terminal)",
+    )
+    _add_quantize_argument(parser)
     parser.add_argument(
         "--reference",
         default=None,
         help="reference translations: also print sacreBLEU to stderr",
     )
+    _add_attention_arguments(parser)
+    _add_progress_arguments(parser)
+    parser.set_defaults(
+        handler=_translate, check=functools.partial(_check_translate, parser)
+    )
+
+
+def _add_attention_arguments(parser):
     parser.add_argument(
         "--plot-attention",
         default=None,
@@ -347,41 +389,310 @@ def _add_translate(commands):
         default=None,
         help="draw only this layer (default: all layers by all heads)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=_translate)
 
 
-def _read_lines(path):
+# Lines read and translated at a time: a few dozen batches, so that
+# sorting by length still groups similar sentences, while memory holds
+# one chunk whatever the input's length.
+CHUNK_SIZE = 1024
+# The weight quantizations `--quantize` offers (`Translator.quantize`).
+QUANTIZE_MODES = ("int8",)
+
+
+def _add_sampling_arguments(parser):
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample instead of searching (the same as --method sample)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=_positive_int,
+        default=None,
+        help="sample among the K most probable tokens only",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=_probability,
+        default=None,
+        help="sample among the most probable tokens whose probabilities "
+        "add up to P (nucleus sampling), 0 < P <= 1",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=_positive_float,
+        default=None,
+        help="divide the logits by T before sampling, T > 0",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling seed: the same seed and --chunk-size give the same "
+        "output",
+    )
+
+
+def _add_quantize_argument(parser):
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_MODES,
+        default=None,
+        help="quantize the weights after loading (Translator.quantize)",
+    )
+
+
+def _add_progress_arguments(parser):
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        action="store_true",
+        help="report progress on stderr even when it is not a terminal "
+        "(then one plain line per chunk)",
+    )
+    shown.add_argument("--quiet", action="store_true", help="no progress")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive integer; pass 1 or more."
+        )
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number above 0; pass e.g. 0.7 (below 1 "
+            "sharpens the distribution, above 1 flattens it)."
+        )
+    return value
+
+
+def _probability(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not in (0, 1]; pass e.g. 0.9."
+        )
+    return value
+
+
+def _check_translate(parser, args):
+    """Settings that only make sense together, checked before any model
+    is loaded; calls ``parser.error`` (exit status 2)."""
+    if args.sample:
+        if args.method not in (None, "sample"):
+            parser.error(
+                f"--sample and --method {args.method} disagree; give one."
+            )
+        args.method = "sample"
+    if args.method != "sample":
+        for flag in ("top_k", "top_p", "temperature", "seed"):
+            if getattr(args, flag) is not None:
+                name = "--" + flag.replace("_", "-")
+                parser.error(
+                    f"{name} {getattr(args, flag)} applies to sampling "
+                    "only; add --sample."
+                )
+    problem = _n_best_problem(args.n_best, args.method, args.beam_size)
+    if problem:
+        parser.error(problem)
+
+
+def _n_best_problem(n_best, method, beam_size):
+    """Why ``n_best`` translations cannot come from this search, or
+    None; ``method`` and ``beam_size`` may be None (not known yet)."""
+    if n_best is None or method == "sample":
+        return None
+    if method == "greedy" and n_best > 1:
+        return (
+            f"--n-best {n_best}: greedy search gives one translation per "
+            "line; use --method beam with --beam-size "
+            f"{n_best}, or --sample."
+        )
+    if method in (None, "beam") and beam_size is not None:
+        if beam_size < n_best:
+            return (
+                f"--n-best {n_best} needs a beam of at least {n_best}, "
+                f"but the beam size is {beam_size}; pass --beam-size "
+                f"{n_best} (or more)."
+            )
+    return None
+
+
+@contextlib.contextmanager
+def _open_lines(path, flag):
+    """The lines of ``path`` (standard input for ``"-"``) without their
+    line ends, read lazily and decoded as strict UTF-8: an invalid line
+    raises a ValueError naming its number."""
     if path == "-":
-        return [line.rstrip("\r\n") for line in sys.stdin]
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
+        # The binary stream reads a pipe line by line as data arrives.
+        stream = getattr(sys.stdin, "buffer", sys.stdin)
+        yield _decoded_lines(stream, f"{flag} (standard input)")
+        return
+    with open(path, "rb") as f:
+        yield _decoded_lines(f, f"{flag} {path}")
+
+
+def _decoded_lines(stream, name):
+    for number, line in enumerate(stream, start=1):
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8", errors="strict")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{name}: line {number} is not valid UTF-8 ({error.reason}"
+                    f" at byte {error.start + 1} of the line); convert the "
+                    "file to UTF-8, e.g. iconv -f latin1 -t utf-8."
+                ) from None
+        yield line.rstrip("\r\n")
+
+
+def _read_lines(path, flag):
+    with _open_lines(path, flag) as lines:
+        return list(lines)
+
+
+@contextlib.contextmanager
+def _open_output(path):
+    if path == "-":
+        yield sys.stdout
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        yield f
+
+
+def _chunks(items, size):
+    """``(index of the first item, list of at most size items)`` pairs;
+    never reads an item past the chunk it returns."""
+    items = iter(items)
+    first = 0
+    while chunk := list(itertools.islice(items, size)):
+        yield first, chunk
+        first += len(chunk)
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Lines done and lines per second, on stderr: one line rewritten in
+    place on a terminal, else one plain line per update."""
+
+    stream: object
+    in_place: bool
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    done: int = 0
+    width: int = 0
+
+    def update(self, count):
+        self.done += count
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        text = (
+            f"{self.done} sentences translated, "
+            f"{self.done / elapsed:.1f} sentences/s"
+        )
+        if self.in_place:
+            self.stream.write("\r" + text.ljust(self.width))
+            self.width = len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.in_place and self.done:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _progress(args):
+    """A `_Progress` on stderr, or None with --quiet or when stderr is
+    not a terminal and --progress was not given."""
+    terminal = sys.stderr.isatty()
+    if args.quiet or not (terminal or args.progress):
+        return None
+    return _Progress(sys.stderr, in_place=terminal)
+
+
+def _format_chunk(first, hypotheses, n_best):
+    """The output lines of one chunk: translations, or with ``n_best``
+    the fairseq / Moses n-best lines ``INDEX ||| TEXT ||| SCORE``."""
+    if n_best is None:
+        return "".join(f"{row[0].text}\n" for row in hypotheses)
+    lines = []
+    for index, row in enumerate(hypotheses, start=first):
+        # Samples come in the order drawn; beams already best first.
+        for hypothesis in sorted(row, key=lambda h: -h.score):
+            lines.append(
+                f"{index} ||| {hypothesis.text} ||| {hypothesis.score:.6f}\n"
+            )
+    return "".join(lines)
 
 
 def _translate(args):
     from keras_transformer.generation import corpus_bleu
 
     translator = _load_translator(
-        args, "method", "max_length_offset", "batch_size"
+        args,
+        "method",
+        "max_length_offset",
+        "batch_size",
+        "top_k",
+        "top_p",
+        "temperature",
+        "seed",
     )
-    sources = _read_lines(args.input)
-    with _progress_to_stderr():
-        translations = translator.translate(
-            sources, verbose=False if args.quiet else "auto"
-        )
-    text = "".join(f"{line}\n" for line in translations)
-    if args.output == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    config = translator.generation_config
+    problem = _n_best_problem(args.n_best, config.method, config.beam_size)
+    if problem:
+        raise ValueError(problem)
+    settings = {"num_return_sequences": args.n_best or 1}
+    chunk_size = args.chunk_size or _default_chunk_size(args.input)
+    # Only --reference and --plot-attention need what was translated.
+    sources, translations = [], []
+    progress = _progress(args)
+    with (
+        _open_lines(args.input, "--input") as lines,
+        _open_output(args.output) as out,
+    ):
+        for first, chunk in _chunks(lines, chunk_size):
+            hypotheses = translator.translate_with_scores(
+                chunk, verbose=False, **settings
+            )
+            out.write(_format_chunk(first, hypotheses, args.n_best))
+            out.flush()
+            if progress is not None:
+                progress.update(len(chunk))
+            if args.reference is not None or args.plot_attention:
+                translations += [row[0].text for row in hypotheses]
+            if args.plot_attention:
+                sources += chunk
+    if progress is not None:
+        progress.close()
     if args.reference is not None:
-        references = _read_lines(args.reference)
+        references = _read_lines(args.reference, "--reference")
         print(corpus_bleu(translations, references), file=sys.stderr)
     if args.plot_attention:
         _plot_attention(args, translator, sources, translations)
     return 0
+
+
+def _default_chunk_size(path):
+    # Someone typing at a terminal gets each translation as they enter
+    # the line.
+    interactive = path == "-" and sys.stdin.isatty()
+    return 1 if interactive else CHUNK_SIZE
 
 
 def _plot_attention(args, translator, sources, translations):
@@ -407,6 +718,116 @@ def _plot_attention(args, translator, sources, translations):
             layer=args.attention_layer,
         )
         print(f"Attention of line {line + 1}: {path}", file=sys.stderr)
+
+
+def _add_score(commands):
+    parser = commands.add_parser(
+        "score",
+        help="score given translations with a saved translator",
+        description=(
+            "Scores each target line as the translation of the source "
+            "line beside it, teacher-forced (Translator.score), and "
+            "prints per pair the length-normalized score (the beam "
+            "search's, with --length-penalty) and the total "
+            "log-probability of the target and its end token, separated "
+            "by a tab. Both files are read in chunks of --chunk-size "
+            "pairs."
+        ),
+    )
+    parser.add_argument(
+        "--model", required=True, help="directory of a saved Translator"
+    )
+    parser.add_argument("--source", required=True, help="source sentences")
+    parser.add_argument(
+        "--target", required=True, help="their translations, line by line"
+    )
+    parser.add_argument(
+        "--output", default="-", help="output file (default: standard output)"
+    )
+    parser.add_argument("--length-penalty", type=float, default=None)
+    parser.add_argument("--batch-size", type=_positive_int, default=None)
+    parser.add_argument(
+        "--chunk-size", type=_positive_int, default=CHUNK_SIZE, metavar="LINES"
+    )
+    parser.set_defaults(handler=_score)
+
+
+def _count_lines(path, flag):
+    with _open_lines(path, flag) as lines:
+        return sum(1 for _ in lines)
+
+
+def _score(args):
+    # Counted (and decoded) first: a mismatch fails before the model
+    # loads, not after the first chunks were written.
+    counts = [
+        _count_lines(args.source, "--source"),
+        _count_lines(args.target, "--target"),
+    ]
+    if counts[0] != counts[1]:
+        raise ValueError(
+            f"--source {args.source} has {counts[0]} lines but --target "
+            f"{args.target} has {counts[1]}; they must align line by line."
+        )
+    translator = _load_translator(args, "batch_size")
+    with (
+        _open_lines(args.source, "--source") as sources,
+        _open_lines(args.target, "--target") as targets,
+        _open_output(args.output) as out,
+    ):
+        pairs = zip(sources, targets, strict=True)
+        for _, chunk in _chunks(pairs, args.chunk_size):
+            scores = translator.score(
+                [source for source, _ in chunk], [target for _, target in chunk]
+            )
+            out.write(
+                "".join(
+                    f"{score:.6f}\t{log_prob:.6f}\n"
+                    for score, log_prob in scores
+                )
+            )
+            out.flush()
+    return 0
+
+
+def _add_export(commands):
+    parser = commands.add_parser(
+        "export",
+        help="export a saved translator as a TensorFlow SavedModel",
+        description=(
+            "Writes a TensorFlow SavedModel for serving "
+            "(Translator.export): its serving_default signature takes a "
+            "batch of sentences and returns their translations and "
+            "scores, with tokenization, the search of the translator's "
+            "generation settings (--beam-size, --length-penalty override "
+            "them) and detokenization in the graph."
+        ),
+    )
+    parser.add_argument(
+        "--model", required=True, help="directory of a saved Translator"
+    )
+    parser.add_argument(
+        "--output", required=True, help="the SavedModel directory to write"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --output if it exists and is not empty",
+    )
+    _add_search_arguments(parser)
+    _add_quantize_argument(parser)
+    parser.set_defaults(handler=_export)
+
+
+def _export(args):
+    from keras_transformer.generation.translator import check_export_directory
+
+    # Refused before the model loads.
+    check_export_directory(args.output, args.overwrite)
+    translator = _load_translator(args)
+    translator.export(args.output, overwrite=args.overwrite)
+    print(args.output)
+    return 0
 
 
 def _add_push(commands):
@@ -564,14 +985,23 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 0
+    if hasattr(args, "check"):
+        args.check(args)
     try:
         return args.handler(args)
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, FileExistsError, ValueError) as error:
         # Errors a user can cause (a missing file, a bad setting) read as
         # one line; anything else keeps its traceback.
         print(
             f"keras-transformer {args.command}: error: {error}", file=sys.stderr
         )
+        return 1
+    except BrokenPipeError:
+        # Whoever read standard output stopped (`... | head`): no
+        # traceback, and nothing more to flush into the closed pipe.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

@@ -2,7 +2,8 @@
 
 `push_to_hub` uploads a `Translator` in one commit: the files of
 `Translator.save` (``config.json``, ``model.weights.h5``, ``tokenizer/``,
-``generation_config.json``), a ``model.safetensors`` copy of the weights,
+``generation_config.json``), a ``model.safetensors`` copy of the weights
+by path (an int8 translator's as int8 kernels and their scales),
 the training record (``results.json``, when there is one), a
 ``manifest.json`` of sha256 checksums and a ``README.md`` model card.
 
@@ -624,6 +625,7 @@ def _model_rows(translator):
     )
     rows = [(key, config[key]) for key in keys if key in config]
     rows.append(("parameters", f"{model.count_params():,}"))
+    rows.append(("weights", _weights_description(translator)))
     rows.append(
         (
             "tokenizer",
@@ -632,6 +634,18 @@ def _model_rows(translator):
         )
     )
     return rows
+
+
+def _weights_description(translator):
+    if translator.quantization_mode == "int8":
+        return (
+            "int8: the kernels of the attention projections and "
+            "feed-forward networks, with a float32 scale per output unit "
+            '(Keras `Model.quantize("int8")`); the shared embedding, '
+            "biases and layer norms float32. `from_pretrained` loads them "
+            "as int8"
+        )
+    return translator.model.dtype_policy.name
 
 
 def _training_section(results, recipe):

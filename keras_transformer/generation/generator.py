@@ -121,6 +121,77 @@ class PaddedBatch:
     buffer_length: int  # the most tokens any source may generate
 
 
+def search_copies(method, beam_size, num_return_sequences):
+    """Rows searched per source: the beam, one greedy hypothesis, or the
+    samples."""
+    return {"beam": int(beam_size), "greedy": 1}.get(
+        method, int(num_return_sequences)
+    )
+
+
+def search_key(
+    method,
+    batch_size,
+    max_length,
+    beam_size=4,
+    num_return_sequences=1,
+    top_k=0,
+    top_p=1.0,
+    use_cache=True,
+    length_penalty_style="gnmt",
+    early_stopping=False,
+    force_end_token=False,
+    renormalize=False,
+):
+    """The `SearchKey` of a search of ``batch_size`` padded sources with
+    an output buffer of ``max_length`` tokens (see `Generator.generate`
+    for the settings)."""
+    sampling = method == "sample"
+    return SearchKey(
+        method=method,
+        use_cache=bool(use_cache),
+        batch_size=int(batch_size),
+        max_length=int(max_length),
+        copies=search_copies(method, beam_size, num_return_sequences),
+        top_k=int(top_k) if sampling else 0,
+        top_p=sampling and top_p < 1.0,
+        length_penalty_style=length_penalty_style,
+        early_stopping=early_stopping,
+        force_end=bool(force_end_token),
+        renormalize=bool(renormalize),
+    )
+
+
+def search_params(
+    length_penalty=0.6, num_return_sequences=1, temperature=1.0, top_p=1.0
+):
+    """The `SearchParams` of a search, as scalar tensors."""
+    return SearchParams(
+        alpha=ops.convert_to_tensor(np.float32(length_penalty)),
+        num_return_sequences=ops.convert_to_tensor(
+            np.int32(num_return_sequences)
+        ),
+        temperature=ops.convert_to_tensor(np.float32(temperature)),
+        top_p=ops.convert_to_tensor(np.float32(top_p)),
+    )
+
+
+def check_length_settings(max_length, max_length_offset, max_sequence_length):
+    """Raises a ValueError for a ``max_length`` outside ``[1,
+    max_sequence_length]``, or, without one, a ``max_length_offset``
+    below 1."""
+    if max_length is None:
+        if max_length_offset < 1:
+            raise ValueError(
+                f"max_length_offset={max_length_offset} must be >= 1."
+            )
+    elif not 1 <= int(max_length) <= max_sequence_length:
+        raise ValueError(
+            f"max_length={int(max_length)} must be between 1 and the "
+            f"model's max_sequence_length={max_sequence_length}."
+        )
+
+
 def _repeat(x, copies):
     """Each row ``copies`` times, next to each other."""
     return ops.repeat(x, copies, axis=0) if copies > 1 else x
@@ -316,6 +387,17 @@ class Generator:
 
         return backends.compile_search(run, self.model, self.jit_compile)
 
+    def search_function(self, key):
+        """The compiled search for ``key`` (a `SearchKey`), built on first
+        use and cached: ``fn(source_ids, source_mask, row_max_lengths,
+        uniform, params) -> search.Hypotheses`` on ``key.batch_size``
+        padded sources. `generate` calls it on NumPy batches;
+        `keras_transformer.export` traces it into a serving graph."""
+        function = self._functions.get(key)
+        if function is None:
+            function = self._functions[key] = self._build(key)
+        return function
+
     # --- the public entry point
 
     def generate(
@@ -381,7 +463,7 @@ class Generator:
         ids, mask = self._check_sources(encoder_token_ids, encoder_padding_mask)
         beam_size = int(beam_size)
         n = int(num_return_sequences)
-        _check_settings(
+        check_settings(
             method,
             beam_size,
             n,
@@ -392,41 +474,33 @@ class Generator:
             top_k,
             top_p,
         )
-        copies = {"beam": beam_size, "greedy": 1}.get(method, n)
+        copies = search_copies(method, beam_size, n)
         batch = self._pad(
             ids, mask, copies, use_cache, max_length, max_length_offset
         )
-        sampling = method == "sample"
-        key = SearchKey(
-            method=method,
-            use_cache=bool(use_cache),
-            batch_size=batch.ids.shape[0],
-            max_length=batch.buffer_length,
-            copies=copies,
-            top_k=int(top_k) if sampling else 0,
-            top_p=sampling and top_p < 1.0,
+        key = search_key(
+            method,
+            batch.ids.shape[0],
+            batch.buffer_length,
+            beam_size=beam_size,
+            num_return_sequences=n,
+            top_k=top_k,
+            top_p=top_p,
+            use_cache=use_cache,
             length_penalty_style=length_penalty_style,
             early_stopping=early_stopping,
-            force_end=bool(force_end_token),
-            renormalize=bool(renormalize),
+            force_end_token=force_end_token,
+            renormalize=renormalize,
         )
-        params = SearchParams(
-            alpha=ops.convert_to_tensor(np.float32(length_penalty)),
-            num_return_sequences=ops.convert_to_tensor(np.int32(n)),
-            temperature=ops.convert_to_tensor(np.float32(temperature)),
-            top_p=ops.convert_to_tensor(np.float32(top_p)),
-        )
+        params = search_params(length_penalty, n, temperature, top_p)
         uniform = None
-        if sampling:
+        if method == "sample":
             uniform = ops.convert_to_tensor(
                 self._uniform(
                     seed, key.max_length, batch.num_rows, key.batch_size, n
                 )
             )
-        function = self._functions.get(key)
-        if function is None:
-            function = self._functions[key] = self._build(key)
-        outputs = function(
+        outputs = self.search_function(key)(
             ops.convert_to_tensor(batch.ids),
             ops.convert_to_tensor(batch.mask),
             ops.convert_to_tensor(batch.row_limits),
@@ -486,20 +560,12 @@ class Generator:
         )
         fewest = backends.search_rows(copies, use_cache, self.jit_compile)
         batch_bucket = bucket_batch(max(num_rows, fewest))
+        check_length_settings(max_length, max_length_offset, limit)
         if max_length is None:
-            if max_length_offset < 1:
-                raise ValueError(
-                    f"max_length_offset={max_length_offset} must be >= 1."
-                )
             buffer_length = min(source_bucket + max_length_offset, limit)
             row_limits = np.minimum(source_lengths + max_length_offset, limit)
         else:
             max_length = int(max_length)
-            if not 1 <= max_length <= limit:
-                raise ValueError(
-                    f"max_length={max_length} must be between 1 and the "
-                    f"model's max_sequence_length={limit}."
-                )
             buffer_length = max_length
             row_limits = np.full((num_rows,), max_length)
         padded_ids = np.full(
@@ -578,7 +644,7 @@ class Generator:
         return total, lengths, total / penalty
 
 
-def _check_settings(
+def check_settings(
     method,
     beam_size,
     num_return_sequences,

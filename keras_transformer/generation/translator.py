@@ -2,6 +2,7 @@
 sentences into translations, saved and loaded as one directory."""
 
 import dataclasses
+import gc
 import os
 import warnings
 
@@ -22,6 +23,8 @@ WEIGHTS_FILE = "model.weights.h5"
 TOKENIZER_DIR = "tokenizer"
 GENERATION_CONFIG_FILE = "generation_config.json"
 LONG_INPUTS = ("truncate", "error")
+# The weight quantizations `Translator.quantize` applies, saves and loads.
+QUANTIZATION_MODES = ("int8",)
 
 
 @dataclasses.dataclass
@@ -185,11 +188,14 @@ class Translator:
                 f"model's vocabulary_size is {model_vocabulary}. Use the "
                 "tokenizer the model was trained with."
             )
-        self.generator = Generator(
-            model,
-            start_id=tokenizer.start_id,
-            end_id=tokenizer.end_id,
-            pad_id=tokenizer.pad_id,
+        self.generator = self._make_generator()
+
+    def _make_generator(self):
+        return Generator(
+            self.model,
+            start_id=self.tokenizer.start_id,
+            end_id=self.tokenizer.end_id,
+            pad_id=self.tokenizer.pad_id,
         )
 
     # --- translation
@@ -528,16 +534,70 @@ class Translator:
             return [str(p) for p in self.tokenizer.id_to_token(list(ids))]
         return [str(i) for i in ids]
 
+    # --- quantization
+
+    @property
+    def quantization_mode(self):
+        """The quantization of the model's weights: None (float weights)
+        or ``"int8"`` (see `quantize`)."""
+        return quantization_mode(self.model)
+
+    def quantize(self, mode):
+        """Quantizes the model's weights in place with Keras's
+        `keras.Model.quantize`, and returns this translator, so that
+        ``Translator.from_pretrained(path).quantize("int8")`` reads as one
+        step.
+
+        ``"int8"``: the kernel of every ``Dense`` and ``EinsumDense``
+        layer (the attention projections and the feed-forward networks,
+        the bulk of the weights) becomes int8 with a float32 scale per
+        output unit, and their inputs are quantized to int8 per row as
+        they arrive. The token embedding stays float32: it is a
+        `TokenEmbedding`, not a Keras ``Embedding``, and it is the
+        pre-softmax projection as well (section 3.4), so the logits keep
+        float weights; so do the biases and layer norms. `save` records
+        the mode, and `from_pretrained` loads the int8 weights as such.
+
+        As with Keras's ``quantize``, the float weights are gone
+        afterwards (load the translator again for them), and the
+        compiled searches of the float model are dropped.
+
+        Args:
+            mode: ``"int8"`` (`QUANTIZATION_MODES`).
+
+        Raises:
+            ValueError: another mode, or a model already quantized.
+        """
+        check_quantization_mode(mode)
+        if self.quantization_mode is not None:
+            raise ValueError(
+                f"quantize(mode={mode!r}): this translator is already "
+                f"quantized ({self.quantization_mode!r}). Quantize a float "
+                "translator: load it again with Translator.from_pretrained."
+            )
+        quantize_model(self.model, mode)
+        self.generator = self._make_generator()
+        return self
+
     # --- saving
 
     def save(self, directory):
         """Writes the translator to a directory, without pickle.
 
-        ``config.json`` (the model's configuration and a format version),
+        ``config.json`` (the model's configuration, a format version and,
+        for a quantized model, ``"quantization": "int8"``),
         ``model.weights.h5``, ``tokenizer/`` and
         ``generation_config.json``. `from_pretrained` reads it back under
         any backend.
         """
+        mode = self.quantization_mode
+        if mode is not None:
+            check_quantization_mode(
+                mode,
+                f"The model's weights are quantized as {mode!r}; a saved "
+                f"translator holds float or {QUANTIZATION_MODES} weights. "
+                'Quantize a float translator with quantize("int8").',
+            )
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
         # A manifest left by an earlier pull or push would describe the
@@ -551,6 +611,8 @@ class Translator:
             "model_class": type(self.model).__name__,
             "model_config": self.model.get_config(),
         }
+        if mode is not None:
+            config["quantization"] = mode
         write_json(os.path.join(directory, CONFIG_FILE), config)
         self.model.save_weights(os.path.join(directory, WEIGHTS_FILE))
         self.tokenizer.save(os.path.join(directory, TOKENIZER_DIR))
@@ -575,17 +637,7 @@ class Translator:
                 non-empty directory is refused before any work.
         """
         directory = os.fspath(directory)
-        if os.path.isdir(directory) and os.listdir(directory):
-            if not overwrite:
-                raise FileExistsError(
-                    f"{directory!r} exists and is not empty; pass "
-                    "overwrite=True (--overwrite) or another directory."
-                )
-        elif os.path.exists(directory):
-            raise FileExistsError(
-                f"{directory!r} is a file, not a directory; pass another "
-                "directory."
-            )
+        check_export_directory(directory, overwrite)
         # TensorFlow is imported only when exporting: translating on
         # JAX or torch does not need it.
         from keras_transformer.export import export_translator
@@ -671,13 +723,81 @@ def _load_directory(directory):
             f"{CONFIG_FILE} in {directory!r} describes a "
             f"{config.get('model_class')!r}, not a Transformer."
         )
+    # Directories without the key hold float weights.
+    quantization = config.get("quantization")
+    if quantization is not None:
+        check_quantization_mode(
+            quantization,
+            f"{CONFIG_FILE} in {directory!r} has quantization="
+            f"{quantization!r}; this keras-transformer ({__version__}) "
+            f"loads {QUANTIZATION_MODES}. Upgrade keras-transformer.",
+        )
     model = Transformer.from_config(config["model_config"])
+    if quantization is not None:
+        # The int8 variables are made by quantizing the new float model;
+        # loading then replaces their values with the saved ones.
+        quantize_model(model, quantization)
     model.load_weights(os.path.join(directory, WEIGHTS_FILE))
     tokenizer = _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
     generation = GenerationConfig.from_dict(
         read_json(os.path.join(directory, GENERATION_CONFIG_FILE))
     )
     return model, tokenizer, generation
+
+
+def check_export_directory(directory, overwrite=False):
+    """Raises a `FileExistsError` for a ``directory`` that an export
+    would replace without ``overwrite``: a non-empty directory, or a
+    file (always)."""
+    directory = os.fspath(directory)
+    if os.path.isdir(directory) and os.listdir(directory):
+        if not overwrite:
+            raise FileExistsError(
+                f"{directory!r} exists and is not empty; pass "
+                "overwrite=True (--overwrite) or another directory."
+            )
+    elif os.path.exists(directory):
+        raise FileExistsError(
+            f"{directory!r} is a file, not a directory; pass another directory."
+        )
+
+
+def quantization_mode(model):
+    """The quantization of a model's weights: None when no layer is
+    quantized, else the mode (``"int8"``; several joined by ``"+"``)."""
+    # Keras's own `Model.quantize` walks the layers the same way.
+    modes = {layer.quantization_mode for layer in model._flatten_layers()}
+    modes.discard(None)
+    return "+".join(sorted(modes)) or None
+
+
+def check_quantization_mode(mode, message=None):
+    """Raises a `ValueError` for a mode not in `QUANTIZATION_MODES`."""
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(
+            message
+            or f"mode={mode!r} is not a supported quantization; use one of "
+            f"{QUANTIZATION_MODES}."
+        )
+
+
+def quantize_model(model, mode):
+    """Keras's `Model.quantize`, without its warning for each layer that
+    has no quantized form (norms, dropout, positions, the embedding)."""
+    # Keras runs a full garbage collection as it drops each float kernel:
+    # seconds apiece in a process holding a framework's objects. Frozen,
+    # those objects are left out of these collections (they are
+    # collected as usual once unfrozen).
+    gc.freeze()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore",
+                message=r"Layer \w+ does not have a `quantize` method",
+            )
+            model.quantize(mode)
+    finally:
+        gc.unfreeze()
 
 
 def _load_tokenizer(directory):
