@@ -264,7 +264,10 @@ def _add_average(commands):
         "--checkpoints", nargs="*", default=None, help="weights files"
     )
     parser.add_argument(
-        "--last", type=int, default=5, help="average the newest N (default 5)"
+        "--last",
+        type=_positive_int,
+        default=5,
+        help="average the newest N (default 5)",
     )
     parser.set_defaults(handler=_average)
 

@@ -391,6 +391,14 @@ def test_sampling_flags_reach_the_search(
             "argument --quantize: invalid choice: 'int3'",
         ),
         (
+            ["average", "--last", "0"],
+            "argument --last: '0' is not a positive integer",
+        ),
+        (
+            ["average", "--last", "-1"],
+            "argument --last: '-1' is not a positive integer",
+        ),
+        (
             ["score", "--source", "s", "--target", "t", "--chunk-size", "0"],
             "argument --chunk-size: '0' is not a positive integer",
         ),

@@ -39,6 +39,7 @@ Conventions shared by all the searches:
   penalty of Hugging Face ``transformers``.
 """
 
+import math
 import numbers
 import typing
 
@@ -87,6 +88,11 @@ def check_length_penalty(alpha, style):
     ``alpha`` (a number) with the GNMT penalty: the paper's beam search
     stops on the bound that longer hypotheses never score higher."""
     check_choice("length_penalty_style", style, LENGTH_PENALTY_STYLES)
+    if isinstance(alpha, numbers.Real) and not math.isfinite(alpha):
+        raise ValueError(
+            f"length_penalty={alpha} must be a finite number (0.6 in the "
+            "paper; 0 disables it)."
+        )
     if style == "gnmt" and isinstance(alpha, numbers.Real) and alpha < 0:
         raise ValueError(
             f"length_penalty={alpha} must be >= 0 (0.6 in the paper; 0 "
@@ -537,6 +543,7 @@ class HuggingFaceRule:
 
     def __init__(self, alpha, row_max_lengths, beam_size, early_stopping):
         check_choice("early_stopping", early_stopping, EARLY_STOPPING)
+        check_length_penalty(alpha, self.style)
         self.alpha = ops.cast(alpha, "float32")
         self.early_stopping = early_stopping
         self.best_lengths = (

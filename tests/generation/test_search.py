@@ -300,5 +300,10 @@ def test_bad_arguments():
     )
     with pytest.raises(ValueError, match="length_penalty=-0.5"):
         search.beam_search(alpha=-0.5, **common)
+    for style in ("gnmt", "hf"):
+        with pytest.raises(ValueError, match="length_penalty=nan must be"):
+            search.beam_search(
+                alpha=float("nan"), length_penalty_style=style, **common
+            )
     with pytest.raises(ValueError, match="num_return_sequences=5"):
         search.beam_search(num_return_sequences=5, **common)
