@@ -169,30 +169,6 @@ def _ctranslate2(model, directory, sentences, sizes, compute_type, threads):
     return translate
 
 
-def _transformers(model, tokenizer, sentences, sizes):
-    """``MarianMTModel.generate`` with beam 4, batch by batch."""
-    import torch
-
-    def translate():
-        outputs = []
-        for begin in range(0, len(sentences), sizes.batch_size):
-            batch = tokenizer(
-                sentences[begin : begin + sizes.batch_size],
-                return_tensors="pt",
-                padding=True,
-            )
-            with torch.no_grad():
-                ids = model.generate(
-                    **batch,
-                    num_beams=BEAM_SIZE,
-                    max_new_tokens=sizes.max_new_tokens,
-                )
-            outputs += tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return outputs
-
-    return translate
-
-
 def _contestants(directory, sentences, sizes, args):
     """``({name: translate}, {name: reason skipped})`` for the checkpoint
     in ``directory`` (written by `benchmarks.marian.write_checkpoint`)."""
@@ -225,8 +201,12 @@ def _contestants(directory, sentences, sizes, args):
             skipped[name] = reason
         else:
             contestants[name] = translate
-    contestants["transformers"] = _transformers(
-        hf_model, hf_tokenizer, sentences, sizes
+    contestants["transformers"] = marian.transformers_translate(
+        hf_model,
+        hf_tokenizer,
+        sentences,
+        sizes.batch_size,
+        sizes.max_new_tokens,
     )
     return contestants, skipped
 

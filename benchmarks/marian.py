@@ -149,6 +149,27 @@ def write_checkpoint(directory, config):
     return model, tokenizer
 
 
+def transformers_translate(model, tokenizer, sentences, batch_size, new):
+    """A function translating ``sentences`` with ``MarianMTModel.generate``
+    (beam 4, at most ``new`` new tokens), ``batch_size`` at a time."""
+    import torch
+
+    def translate():
+        outputs = []
+        for begin in range(0, len(sentences), batch_size):
+            batch = tokenizer(
+                sentences[begin : begin + batch_size],
+                return_tensors="pt",
+                padding=True,
+            )
+            with torch.no_grad():
+                ids = model.generate(**batch, num_beams=4, max_new_tokens=new)
+            outputs += tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return outputs
+
+    return translate
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="opus")
@@ -181,20 +202,9 @@ def main(argv=None):
             batch_size=args.batch_size,
         )
 
-    def hf_translate():
-        outputs = []
-        for begin in range(0, len(sentences), args.batch_size):
-            batch = hf_tokenizer(
-                sentences[begin : begin + args.batch_size],
-                return_tensors="pt",
-                padding=True,
-            )
-            with torch.no_grad():
-                ids = hf_model.generate(
-                    **batch, num_beams=4, max_new_tokens=args.max_new_tokens
-                )
-            outputs += hf_tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return outputs
+    hf_translate = transformers_translate(
+        hf_model, hf_tokenizer, sentences, args.batch_size, args.max_new_tokens
+    )
 
     def ours_translate():
         return translator.translate(sentences, verbose=False)
