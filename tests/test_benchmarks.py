@@ -248,3 +248,15 @@ def test_fast_paths_smoke(tmp_path):
         assert row["on_s"] > 0 and row["off_s"] > 0
         assert row["gain"] == pytest.approx(row["off_s"] / row["on_s"], 1e-2)
     assert json.loads(path.read_text())["backend"] == backend
+
+
+def test_before_after_smoke_times_both_versions():
+    from benchmarks import before_after
+
+    report = before_after.main(["--smoke", "--ref", "HEAD"])
+    assert report["config"] == "smoke"
+    assert len(report["ratios_per_round"]) == 1
+    assert report["before_step_s"] > 0 and report["after_step_s"] > 0
+    assert report["after_over_before"] == pytest.approx(
+        report["after_step_s"] / report["before_step_s"]
+    )
