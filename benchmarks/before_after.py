@@ -132,7 +132,7 @@ def main(argv=None):
     if args.smoke:
         args.rounds, args.steps = 1, 1
     with tempfile.TemporaryDirectory() as scratch:
-        tree = pathlib.Path(scratch) / "before"
+        tree = pathlib.Path(scratch) / f"before-{os.getpid()}"
         subprocess.run(
             ["git", "worktree", "add", "--detach", str(tree), args.ref],
             cwd=ROOT,
