@@ -51,6 +51,29 @@ def _reset_keras_state():
     keras.config.set_dtype_policy("float32")
 
 
+# CI sets this: there, a test that would skip for want of the shared
+# Multi30k copy fails instead, so that a machine without ``../shared``
+# cannot turn a run green by skipping.
+REQUIRE_DATA_VARIABLE = "KERAS_TRANSFORMER_REQUIRE_SHARED_DATA"
+MISSING_DATA_REASON = "Multi30k not found at"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or not os.environ.get(REQUIRE_DATA_VARIABLE):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+    if MISSING_DATA_REASON in str(reason):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{reason}; {REQUIRE_DATA_VARIABLE} is set, so a test may not "
+            "skip for want of the shared data: put Multi30k EN-DE at "
+            f"{MULTI30K} (see ../shared/data/multi30k/README)."
+        )
+
+
 @pytest.fixture
 def multi30k_dir():
     if not (MULTI30K / "train.en").exists():
