@@ -51,6 +51,13 @@ class CorpusStats:
 
 def _check_exists(path):
     path = os.fspath(path)
+    if os.path.isdir(path):
+        # IsADirectoryError is an OSError, which the CLI does not print
+        # as one line; a directory is a wrong value, hence ValueError.
+        raise ValueError(
+            f"Corpus file {path!r} is a directory, not a text file. Pass "
+            "the file inside it (e.g. train.en), one sentence per line."
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"Corpus file not found: {path!r}. Check the path, or fetch a "

@@ -227,6 +227,11 @@ def _find_local(data_dir, names, language):
             tried.append(os.path.basename(candidate))
             if os.path.isfile(candidate):
                 return candidate
+            if os.path.isdir(candidate):
+                raise ValueError(
+                    f"{candidate!r} is a directory, not a text file. Put "
+                    "the split's sentences there as a file, one per line."
+                )
     raise FileNotFoundError(
         f"No {language} file in data_dir={data_dir!r}: looked for "
         f"{', '.join(tried)}. Put the split's files there under one of "

@@ -76,6 +76,15 @@ def test_missing_file_names_path_and_fix(tmp_path):
         read_parallel_corpus(tmp_path / "missing.en", present)
 
 
+def test_directory_in_place_of_a_file_is_named_as_a_directory(tmp_path):
+    present = write(tmp_path / "t.de", "a\n")
+    (tmp_path / "train.en").mkdir()
+    with pytest.raises(ValueError, match=r"train\.en' is a directory"):
+        read_parallel_corpus(tmp_path / "train.en", present)
+    with pytest.raises(ValueError, match="is a directory"):
+        read_lines(tmp_path / "train.en")
+
+
 def test_tsv(tmp_path):
     path = write(
         tmp_path / "c.tsv",

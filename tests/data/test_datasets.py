@@ -119,6 +119,13 @@ def test_upstream_names_and_gzip_in_data_dir(tmp_path):
         load_dataset("multi30k", "train", data_dir=tmp_path / "none")
 
 
+def test_directory_named_like_a_split_file_is_refused(tmp_path):
+    (tmp_path / "train.en").mkdir()
+    (tmp_path / "train.de").write_text("ein Hund\n")
+    with pytest.raises(ValueError, match=r"train\.en' is a directory"):
+        load_dataset("multi30k", "train", data_dir=tmp_path)
+
+
 def test_multi30k_download_checks_the_pinned_content(
     multi30k_paths, tmp_path, monkeypatch
 ):
