@@ -9,23 +9,38 @@ import json
 import os
 
 
+class JSONFileError(ValueError):
+    """A JSON file that cannot be read: not UTF-8, or not valid JSON."""
+
+
 def read_json(path):
     """The JSON value in the UTF-8 file ``path``.
 
     Raises:
         FileNotFoundError: there is no file at ``path``.
-        ValueError: the file is not valid JSON (the message names the
-            file; the error is a `json.JSONDecodeError`).
+        JSONFileError: a ValueError naming the file and what is wrong: it
+            is a directory, not UTF-8 text, or not valid JSON (with the
+            line and column).
     """
     path = os.fspath(path)
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    fix = "re-save or re-download it"
+    if os.path.isdir(path):
+        raise JSONFileError(f"{path} is a directory, not a JSON file; {fix}.")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise JSONFileError(
+            f"{path} is not valid JSON (byte {error.start} is not UTF-8: "
+            f"{error.reason}); {fix}."
+        ) from error
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        # Still a JSONDecodeError (a ValueError), now naming the file.
-        raise json.JSONDecodeError(
-            f"{path} is not valid JSON: {error.msg}", error.doc, error.pos
+        raise JSONFileError(
+            f"{path} is not valid JSON (line {error.lineno}, column "
+            f"{error.colno}): {error.msg}; {fix}."
         ) from error
 
 
