@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_transformer import backends
 from keras_transformer.generation import search
+from keras_transformer.utils import check_padding_mask, check_token_ids
 
 METHODS = ("greedy", "beam", "sample")
 CACHE_LAYOUTS = ("split", "stacked")
@@ -526,20 +527,24 @@ class Generator:
                 "encoder_token_ids must have shape (batch, length); got "
                 f"shape {ids.shape}."
             )
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise TypeError(
-                f"encoder_token_ids must hold integer token ids; got dtype "
-                f"{ids.dtype}."
-            )
+        check_token_ids(
+            "encoder_token_ids",
+            ids,
+            self.model.vocabulary_size,
+            _vocabulary_fix(self.model, "vocabulary_size"),
+        )
+        ids = ids.astype("int32")
         if encoder_padding_mask is None:
             mask = (ids != self.pad_id).astype("int32")
         else:
-            mask = np.asarray(encoder_padding_mask).astype("int32")
+            mask = np.asarray(encoder_padding_mask)
             if mask.shape != ids.shape:
                 raise ValueError(
                     f"encoder_padding_mask has shape {mask.shape} but "
                     f"encoder_token_ids has shape {ids.shape}."
                 )
+            check_padding_mask("encoder_padding_mask", mask)
+            mask = mask.astype("int32")
         limit = self.model.max_sequence_length
         longest = int(mask.sum(axis=1).max(initial=0))
         if longest > limit:
@@ -608,12 +613,25 @@ class Generator:
         Returns:
             ``(log_probs, lengths, scores)``, NumPy arrays ``(batch,)``.
         """
-        ids = np.asarray(encoder_token_ids).astype("int32")
-        targets = np.asarray(target_token_ids).astype("int32")
-        if encoder_padding_mask is None:
-            mask = (ids != self.pad_id).astype("int32")
-        else:
-            mask = np.asarray(encoder_padding_mask).astype("int32")
+        ids, mask = self._check_sources(encoder_token_ids, encoder_padding_mask)
+        targets = np.asarray(target_token_ids)
+        if targets.ndim != 2 or len(targets) != len(ids):
+            raise ValueError(
+                f"target_token_ids has shape {targets.shape}; it needs one "
+                f"row per source: ({len(ids)}, target_length)."
+            )
+        check_token_ids(
+            "target_token_ids",
+            targets,
+            self.vocabulary_size,
+            _vocabulary_fix(
+                self.model,
+                "target_vocabulary_size"
+                if self.model.target_vocabulary_size
+                else "vocabulary_size",
+            ),
+        )
+        targets = targets.astype("int32")
         lengths = hypothesis_lengths(targets, self.end_id, self.pad_id)
         decoder_ids = np.concatenate(
             [np.full((len(targets), 1), self.start_id, "int32"), targets],
@@ -642,6 +660,15 @@ class Generator:
         )
         penalty = ops.convert_to_numpy(penalty).astype("float64")
         return total, lengths, total / penalty
+
+
+def _vocabulary_fix(model, setting):
+    """The end of the message for token ids outside ``model``'s
+    vocabulary."""
+    return (
+        f"the model's {setting} is {getattr(model, setting)}. Encode the "
+        "text with the tokenizer the model was trained with."
+    )
 
 
 def check_settings(

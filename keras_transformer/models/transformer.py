@@ -11,7 +11,15 @@ from keras_transformer.layers import (
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.output_bias import OutputBias
 from keras_transformer.models.configs import get_config as get_named_config
-from keras_transformer.utils import check_positive, check_rate
+from keras_transformer.utils import (
+    check_bool,
+    check_padding_mask,
+    check_positive,
+    check_positive_float,
+    check_rate,
+    check_token_ids,
+    describe,
+)
 
 INPUT_NAMES = (
     "encoder_token_ids",
@@ -250,9 +258,78 @@ class Transformer(keras.Model):
 
     # --- input checks
 
+    def __call__(self, inputs, *args, **kwargs):
+        # Before Keras converts or traces anything; values that are only
+        # known inside a compiled function are checked where they are
+        # made (the data pipeline) or handed in (`fit`, `predict`).
+        self._check_values(inputs)
+        return super().__call__(inputs, *args, **kwargs)
+
     def call(self, inputs, training=None, mask=None):
         self._check_inputs(inputs)
         return super().call(inputs, training=training, mask=mask)
+
+    def _check_values(self, inputs, labels=None):
+        """Raises a ValueError naming the first token id outside the
+        vocabulary (an embedding lookup would read no row: NaN logits on
+        JAX) or the first mask entry that is not 0 or 1, where the
+        values are concrete: NumPy arrays or eager tensors."""
+        if not isinstance(inputs, dict):
+            return
+        target = (
+            ("target_vocabulary_size", self.target_vocabulary_size)
+            if self.target_vocabulary_size
+            else ("vocabulary_size", self.vocabulary_size)
+        )
+        sizes = {
+            "encoder": ("vocabulary_size", self.vocabulary_size),
+            "decoder": target,
+        }
+        for side, (setting, size) in sizes.items():
+            fix = (
+                f"the model's {setting} is {size}. Encode the text with "
+                "the tokenizer the model was trained with, or build the "
+                f"model with a larger {setting}."
+            )
+            name = f"{side}_token_ids"
+            if name in inputs:
+                check_token_ids(name, inputs[name], size, fix)
+            name = f"{side}_padding_mask"
+            if name in inputs:
+                check_padding_mask(name, inputs[name])
+        if labels is not None:
+            check_token_ids(
+                "labels",
+                labels,
+                target[1],
+                f"the model's {target[0]} is {target[1]}. Labels are the "
+                "target's token ids: use the tokenizer of "
+                "decoder_token_ids.",
+            )
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        self._check_values(x, _labels(y))
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        self._check_values(x, _labels(y))
+        return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_values(x)
+        return super().predict(x, *args, **kwargs)
+
+    def train_on_batch(self, x, y=None, *args, **kwargs):
+        self._check_values(x, _labels(y))
+        return super().train_on_batch(x, y, *args, **kwargs)
+
+    def test_on_batch(self, x, y=None, *args, **kwargs):
+        self._check_values(x, _labels(y))
+        return super().test_on_batch(x, y, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        self._check_values(x)
+        return super().predict_on_batch(x)
 
     def _check_inputs(self, inputs):
         if not isinstance(inputs, dict):
@@ -463,6 +540,7 @@ class Transformer(keras.Model):
             returns cropped arrays).
         """
         self._check_inputs(inputs)
+        self._check_values(inputs)
         ids = {
             name: ops.convert_to_tensor(inputs[name], "int32")
             for name in INPUT_NAMES
@@ -533,6 +611,14 @@ class Transformer(keras.Model):
         return cls(**config)
 
 
+def _labels(y):
+    """``y`` when it looks like a batch of label ids, ``(batch, length)``,
+    else None (a dataset, or labels of another form, pass unchecked)."""
+    if y is None or isinstance(y, (dict, list, tuple)):
+        return None
+    return y if len(getattr(y, "shape", ())) == 2 else None
+
+
 def _layer_cache(cache, index):
     """Decoder layer ``index``'s part of a stacked or split cache."""
     if isinstance(cache, (tuple, list)):
@@ -567,17 +653,38 @@ _SETTINGS = (
 
 def _check_settings(s):
     """Raises ValueError naming the first setting a `Transformer` cannot
-    be built with."""
+    be built with, its value and its type."""
     for name in (
         "vocabulary_size",
         "num_encoder_layers",
         "num_decoder_layers",
         "hidden_dim",
         "num_heads",
+        "intermediate_dim",
         "max_sequence_length",
     ):
         check_positive(name, s[name])
-    check_rate("dropout", s["dropout"])
+    if s["target_vocabulary_size"] is not None:
+        check_positive("target_vocabulary_size", s["target_vocabulary_size"])
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        check_rate(name, s[name])
+    for name in (
+        "normalize_first",
+        "share_embeddings",
+        "tie_output_embeddings",
+        "scale_embeddings",
+        "use_output_bias",
+    ):
+        check_bool(name, s[name])
+    check_positive_float("layer_norm_epsilon", s["layer_norm_epsilon"])
+    layouts = SinusoidalPositionEncoding.LAYOUTS
+    if s["position_encoding_layout"] not in layouts:
+        raise ValueError(
+            "position_encoding_layout="
+            f"{describe(s['position_encoding_layout'])} must be one of "
+            f"{layouts}."
+        )
+    _check_activation(s["activation"])
     if s["hidden_dim"] % s["num_heads"]:
         raise ValueError(
             f"num_heads={s['num_heads']} must divide "
@@ -590,8 +697,20 @@ def _check_settings(s):
             "position encodings (one sine and one cosine per "
             "frequency). Use an even hidden_dim."
         )
-    if s["target_vocabulary_size"] is not None:
-        check_positive("target_vocabulary_size", s["target_vocabulary_size"])
+
+
+def _check_activation(activation):
+    """Raises ValueError for an activation Keras does not know."""
+    if callable(activation):
+        return
+    try:
+        keras.activations.get(activation)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"activation={describe(activation)} is not a Keras activation; "
+            "use a name such as 'relu' (the paper's) or 'gelu', or a "
+            "callable."
+        ) from None
 
 
 def _make_layers(s, dtype):

@@ -310,7 +310,60 @@ def test_bad_arguments(random_generator):
         generator.generate(np.ones((1, 40), "int32"))
     with pytest.raises(ValueError, match="max_length=99"):
         generator.generate(ids, max_length=99)
-    with pytest.raises(TypeError, match="integer token ids"):
-        generator.generate(np.ones((1, 3), "float32"))
+    with pytest.raises(ValueError, match="dtype <U1; they must be integers"):
+        generator.generate(np.array([["a", "b"]]))
     with pytest.raises(ValueError, match="temperature=0"):
         generator.generate(ids, method="sample", temperature=0)
+
+
+def _plant(rng, ids, value):
+    """``ids`` with ``value`` at a random entry and in every later row:
+    the random entry is the first bad one. Returns it and its index."""
+    bad = ids.astype("float64" if isinstance(value, float) else "int32")
+    row = int(rng.integers(0, bad.shape[0]))
+    column = int(rng.integers(0, bad.shape[1]))
+    bad[row, column] = value
+    bad[row + 1 :, :] = value
+    return bad, row, column
+
+
+@pytest.mark.parametrize(
+    "value, what",
+    [
+        (VOCABULARY_SIZE, f"is outside \\[0, {VOCABULARY_SIZE}\\)"),
+        (-2, f"is outside \\[0, {VOCABULARY_SIZE}\\)"),
+        (4.5, "is not a whole number"),
+    ],
+)
+def test_bad_source_and_target_ids_are_named_at_their_position(
+    random_generator, random_sources, value, what
+):
+    """`generate` and `score` name the first id outside the vocabulary
+    (or fractional) by its position, before anything runs."""
+    generator = random_generator
+    ids, mask = random_sources
+    targets = ids[:, :4]
+    rng = np.random.default_rng(abs(int(value)))
+    for _ in range(4):
+        bad, row, column = _plant(rng, ids, value)
+        message = rf"^encoder_token_ids\[{row}, {column}\] = {value} {what}"
+        with pytest.raises(ValueError, match=message):
+            generator.generate(bad, method="greedy", max_length=4)
+        with pytest.raises(ValueError, match=message):
+            generator.score(bad, targets, mask)
+        bad, row, column = _plant(rng, targets, value)
+        message = rf"^target_token_ids\[{row}, {column}\] = {value} {what}"
+        with pytest.raises(ValueError, match=message):
+            generator.score(ids, bad)
+
+
+def test_padding_mask_of_generate_must_be_0_or_1(
+    random_generator, random_sources
+):
+    ids, mask = random_sources
+    half = mask.astype("float32")
+    half[4, 2] = 0.5
+    with pytest.raises(
+        ValueError, match=r"^encoder_padding_mask\[4, 2\] = 0.5 is not 0 or 1"
+    ):
+        random_generator.generate(ids, half, method="greedy", max_length=4)
