@@ -31,6 +31,7 @@ from keras_transformer.data.corpus import (
     read_parallel_corpus,
 )
 from keras_transformer.data.tokenizer import END_ID, START_ID
+from keras_transformer.utils import first_invalid_token_id
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +259,8 @@ def _tokenized_corpus(source, target, tokenizer, max_length, parallel_calls):
     target_ids = _tokenize_corpus(
         tokenizer, [p[1] for p in pairs], parallel_calls
     )
+    for side, ids in (("source", source_ids), ("target", target_ids)):
+        _check_tokenizer_ids(side, ids, tokenizer, pairs)
     del pairs
     # Padded lengths: source + end, start + target (= target + end).
     source_lengths = source_ids.row_lengths().numpy() + 1
@@ -288,6 +291,30 @@ def _tokenized_corpus(source, target, tokenizer, max_length, parallel_calls):
     stats.report("translation_dataset")
     return _TokenizedCorpus(
         source_ids, target_ids, source_lengths, target_lengths, stats
+    )
+
+
+def _check_tokenizer_ids(side, ids, tokenizer, pairs):
+    """Raises a ValueError naming the first id the tokenizer gave that is
+    not in ``[0, tokenizer.vocabulary_size)``: its sentence, position and
+    value. The model would read no embedding row for it (NaN on JAX)."""
+    size = getattr(tokenizer, "vocabulary_size", None)
+    bound = np.iinfo(np.int64).max if size is None else int(size)
+    values = ids.values.numpy()
+    index = first_invalid_token_id(values, bound)
+    if index is None:
+        return
+    flat = int(index[0])
+    splits = ids.row_splits.numpy()
+    row = int(np.searchsorted(splits, flat, side="right")) - 1
+    column = flat - int(splits[row])
+    sentence = pairs[row][0 if side == "source" else 1]
+    raise ValueError(
+        f"{side}_ids[{row}, {column}] = {values[flat].item()} is outside "
+        f"[0, {size}): the tokenizer gave token {column} of {side} "
+        f"sentence {row} ({sentence[:60]!r}) an id outside its "
+        "vocabulary_size. Use a tokenizer whose ids are below its "
+        "vocabulary_size (train_tokenizer or load_tokenizer)."
     )
 
 

@@ -228,3 +228,49 @@ def test_multi30k_padding_and_shapes(multi30k_paths, multi30k_tokenizer):
     targets = read_lines(multi30k_paths[1])
     target_ids = multi30k_tokenizer.tokenize(targets).row_lengths().numpy()
     assert stats.target_tokens == int(target_ids.sum()) + len(targets)
+
+
+class CodePointTokenizer:
+    """A tokenizer of Unicode code points that declares an ASCII
+    vocabulary: any other character gets an id outside it."""
+
+    vocabulary_size = 128
+
+    def tokenize(self, sentences):
+        import tensorflow as tf
+
+        return tf.strings.unicode_decode(sentences, "UTF-8")
+
+
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_id_outside_the_tokenizer_vocabulary_is_named(side):
+    """The first id at or above the tokenizer's vocabulary_size is named
+    by sentence and position before any batch is built (the model would
+    read no embedding row for it)."""
+    rng = np.random.default_rng(0 if side == "source" else 1)
+    for _ in range(3):
+        num_pairs = int(rng.integers(2, 9))
+        sentences = {
+            name: [
+                " ".join(rng.choice(["a", "dog", "runs", "two"], 3))
+                for _ in range(num_pairs)
+            ]
+            for name in ("source", "target")
+        }
+        row = int(rng.integers(0, len(sentences[side])))
+        column = int(rng.integers(0, len(sentences[side][row]) + 1))
+        sentence = sentences[side][row]
+        sentences[side][row] = sentence[:column] + "é" + sentence[column:]
+        # A later character is bad too: the first one is reported.
+        sentences[side][-1] += "ß"
+        with pytest.raises(
+            ValueError,
+            match=rf"^{side}_ids\[{row}, {column}\] = 233 is outside "
+            r"\[0, 128\): the tokenizer gave token",
+        ):
+            translation_dataset(
+                sentences["source"],
+                sentences["target"],
+                CodePointTokenizer(),
+                max_tokens=64,
+            )
