@@ -47,6 +47,10 @@ class ChecksumError(ValueError):
     """A file does not match the sha256 its manifest records."""
 
 
+class ManifestPathError(ValueError):
+    """A manifest entry that would read a file outside its directory."""
+
+
 # --- references
 
 
@@ -118,21 +122,33 @@ def write_manifest(directory):
     return manifest
 
 
-def verify_directory(directory, fix=None):
+def verify_directory(directory, fix=None, root=None):
     """Checks every file ``manifest.json`` lists against its sha256.
+
+    Every entry is checked to name a file inside the directory before any
+    file is read: a manifest is data from the Hub, and an entry such as
+    ``../../.ssh/id_rsa`` must not make the loader read (and print the
+    hash of) a file elsewhere.
 
     Args:
         directory: a translator directory with a ``manifest.json``.
         fix: what the error messages suggest to repair a bad file.
+        root: the directory the files may resolve into through symbolic
+            links (default: ``directory``). A Hugging Face cache snapshot
+            links its files to the repository's ``blobs/``, so for one
+            this is the repository's cache folder.
 
     Returns:
         The manifest (a dict).
 
     Raises:
+        ManifestPathError: an entry is absolute, contains ``..`` or
+            resolves outside ``root`` (nothing has been read then).
         ChecksumError: a file's size or sha256 differs from the record.
         FileNotFoundError: a listed file is missing.
         ValueError: the manifest has an unknown format version.
     """
+    directory = os.fspath(directory)
     fix = fix or "Save or download the translator again."
     manifest = read_json(os.path.join(directory, MANIFEST_FILE))
     version = manifest.get("format_version")
@@ -144,23 +160,67 @@ def verify_directory(directory, fix=None):
             f"{MANIFEST_VERSION} with sha256. Upgrade keras-transformer, "
             "or pull a revision pushed by this version."
         )
-    for name, record in sorted(manifest["files"].items()):
-        path = os.path.join(directory, *name.split("/"))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"{name} is listed in {MANIFEST_FILE} but missing from "
-                f"{directory!r}. {fix}"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ValueError(
+            f"{MANIFEST_FILE} in {directory!r} has no 'files' mapping of "
+            f"paths to checksums. {fix}"
+        )
+    root = os.path.realpath(directory if root is None else root)
+    for name in sorted(files, key=str):
+        problem = _entry_problem(directory, name, root)
+        if problem:
+            raise ManifestPathError(
+                f"{MANIFEST_FILE} in {directory!r} lists {name!r}, "
+                f"{problem}; refusing to read any file. {fix}"
             )
-        size = os.path.getsize(path)
-        actual = _sha256(path)
-        if size != record["size"] or actual != record["sha256"]:
-            raise ChecksumError(
-                f"{name} in {directory!r} is corrupt or was altered: its "
-                f"sha256 is {actual} ({size} bytes), the manifest records "
-                f"{record['sha256']} ({record['size']} bytes). Refusing to "
-                f"load it. {fix}"
-            )
+    for name, record in sorted(files.items()):
+        _verify_file(directory, name, record, fix)
     return manifest
+
+
+def _entry_problem(directory, name, root):
+    """Why the manifest entry ``name`` may not be read, or None: it must
+    be a relative POSIX path without ``..`` that stays inside ``root``
+    once symbolic links are resolved."""
+    if not isinstance(name, str) or not name:
+        return "which is not a relative file path"
+    # Both separators: a backslash separates on Windows.
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or pathlib.PureWindowsPath(name).drive:
+        return "an absolute path"
+    if ".." in parts:
+        return "a path that leaves the directory through '..'"
+    resolved = os.path.realpath(_entry_path(directory, name))
+    if os.path.commonpath([root, resolved]) != root:
+        return "a symbolic link that resolves outside the directory"
+    return None
+
+
+def _entry_path(directory, name):
+    return os.path.join(directory, *name.split("/"))
+
+
+def _verify_file(directory, name, record, fix):
+    """Raises unless the file ``name`` has the size and sha256 of
+    ``record``."""
+    path = _entry_path(directory, name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{name} is listed in {MANIFEST_FILE} but missing from "
+            f"{directory!r}. {fix}"
+        )
+    size = os.path.getsize(path)
+    actual = _sha256(path)
+    record = record if isinstance(record, dict) else {}
+    expected = (record.get("size"), record.get("sha256"))
+    if (size, actual) != expected:
+        raise ChecksumError(
+            f"{name} in {directory!r} is corrupt or was altered: its "
+            f"sha256 is {actual} ({size} bytes), the manifest records "
+            f"{expected[1]} ({expected[0]} bytes). Refusing to load it. "
+            f"{fix}"
+        )
 
 
 # --- downloading
@@ -207,7 +267,8 @@ def resolve_directory(
         f"does not match its manifest: push {repo_id} again."
     )
     if os.path.isfile(os.path.join(directory, MANIFEST_FILE)):
-        verify_directory(directory, fix=fix)
+        # The snapshot's files link into the repository's blobs/.
+        verify_directory(directory, fix=fix, root=repo_cache)
     elif _is_translator(directory):
         raise ValueError(
             f"hf://{repo_id}@{revision} holds a keras-transformer "
