@@ -329,6 +329,15 @@ def load_marian_tokenizer(directory, **overrides):
 # --- the weights
 
 
+def _unreadable(path, error):
+    """A one-line ValueError naming a weights file that cannot be read."""
+    reason = " ".join(str(error).split()) or type(error).__name__
+    return ValueError(
+        f"{path} cannot be read as a checkpoint ({reason}); the file is "
+        "truncated or corrupt: download it again."
+    )
+
+
 def read_state_dict(directory):
     """The checkpoint's tensors as a dict name -> NumPy array, from
     ``model.safetensors`` (no torch needed) or ``pytorch_model.bin``
@@ -337,9 +346,14 @@ def read_state_dict(directory):
     safetensors_path = os.path.join(directory, SAFETENSORS_FILE)
     pytorch_path = os.path.join(directory, PYTORCH_FILE)
     if os.path.isfile(safetensors_path):
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
-        return dict(load_file(safetensors_path))
+        try:
+            return dict(load_file(safetensors_path))
+        except (SafetensorError, OSError) as error:
+            # Without the file's name otherwise.
+            raise _unreadable(safetensors_path, error) from error
     if os.path.isfile(pytorch_path):
         try:
             import torch
@@ -350,7 +364,15 @@ def read_state_dict(directory):
                 "install torch), or convert the checkpoint to "
                 f"{SAFETENSORS_FILE}."
             ) from error
-        state = torch.load(pytorch_path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(
+                pytorch_path, map_location="cpu", weights_only=True
+            )
+        except (OSError, RuntimeError, EOFError) as error:
+            # A truncated archive ("PytorchStreamReader failed reading zip
+            # archive"), without the file's name. Refusals of unsafe
+            # pickles (weights_only, an UnpicklingError) pass unchanged.
+            raise _unreadable(pytorch_path, error) from error
         return {
             name: tensor.detach().to(torch.float32).numpy()
             if tensor.is_floating_point()

@@ -1,3 +1,5 @@
+import os
+
 import keras
 from keras import ops
 
@@ -585,6 +587,24 @@ class Transformer(keras.Model):
         return self.project(y), weights
 
     # --- configuration
+
+    def load_weights(self, filepath, skip_mismatch=False, **kwargs):
+        """`keras.Model.load_weights`, with errors that name the file: a
+        truncated or foreign file otherwise surfaces as h5py's "Unable to
+        synchronously open file (truncated file ...)" without a path."""
+        try:
+            return super().load_weights(
+                filepath, skip_mismatch=skip_mismatch, **kwargs
+            )
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, KeyError) as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise ValueError(
+                f"{os.fspath(filepath)} cannot be loaded as this model's "
+                f"weights ({reason}); the file is truncated, corrupt or "
+                "of another model: re-save or re-download it."
+            ) from error
 
     @classmethod
     def from_config_name(cls, name, **kwargs):
