@@ -88,6 +88,30 @@ def test_push_is_one_commit_with_every_file(hub_server, pushed):
     assert tree["config.json"].lfs is None
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_pushed_safetensors_hold_every_weight_exactly(
+    pushed, hub_translator, version
+):
+    """model.safetensors on the Hub, read with the safetensors library
+    alone, has one tensor per model weight under its Keras path, each
+    equal to the weight bit for bit (v2 pushed the weights times 1.5)."""
+    from safetensors.numpy import load_file
+
+    directory = hub.resolve_directory(f"hf://{REPO}@{pushed[version]}")
+    tensors = load_file(os.path.join(directory, "model.safetensors"))
+    weights = hub_translator.model.weights
+    assert sorted(tensors) == sorted(w.path for w in weights)
+    assert len(tensors) == len(weights)
+    for weight in weights:
+        expected = keras.ops.convert_to_numpy(weight)
+        if version == "v2":
+            expected = expected * 1.5
+        tensor = tensors[weight.path]
+        assert tensor.dtype == expected.dtype, weight.path
+        assert tensor.shape == expected.shape, weight.path
+        np.testing.assert_array_equal(tensor, expected, err_msg=weight.path)
+
+
 @pytest.mark.parametrize("pin", ["main", "tag", "commit", "revision="])
 def test_pull_at_a_pinned_revision(pushed, hub_translator, pin):
     reference, version = {
