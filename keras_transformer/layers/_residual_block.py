@@ -4,7 +4,9 @@ from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.utils import (
+    check_bool,
     check_positive,
+    check_positive_float,
     check_rate,
     clone_initializer,
 )
@@ -42,8 +44,10 @@ class ResidualBlockBase(keras.layers.Layer):
             "activation_dropout", activation_dropout
         )
         self.activation = keras.activations.get(activation)
-        self.normalize_first = bool(normalize_first)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.normalize_first = check_bool("normalize_first", normalize_first)
+        self.layer_norm_epsilon = check_positive_float(
+            "layer_norm_epsilon", layer_norm_epsilon
+        )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 

@@ -6,6 +6,7 @@ from keras import ops
 from keras_transformer import backends
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.utils import (
+    check_bool,
     check_positive,
     check_rate,
     clone_initializer,
@@ -132,7 +133,7 @@ class MultiHeadAttention(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_heads = check_positive("num_heads", num_heads)
         self.dropout = check_rate("dropout", dropout)
-        self.use_bias = bool(use_bias)
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 

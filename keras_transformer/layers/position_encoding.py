@@ -3,6 +3,12 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.utils import (
+    check_positive,
+    check_positive_float,
+    describe,
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class SinusoidalPositionEncoding(keras.layers.Layer):
@@ -47,14 +53,15 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if layout not in self.LAYOUTS:
-            raise ValueError(f"layout={layout!r} is not one of {self.LAYOUTS}.")
-        if int(max_sequence_length) < 1:
             raise ValueError(
-                f"max_sequence_length={max_sequence_length} must be a "
-                "positive integer."
+                f"layout={describe(layout)} is not one of {self.LAYOUTS}."
             )
-        self.max_sequence_length = int(max_sequence_length)
-        self.max_wavelength = float(max_wavelength)
+        self.max_sequence_length = check_positive(
+            "max_sequence_length", max_sequence_length
+        )
+        self.max_wavelength = check_positive_float(
+            "max_wavelength", max_wavelength
+        )
         self.layout = layout
 
     def build(self, input_shape):

@@ -3,7 +3,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.utils import check_positive
+from keras_transformer.utils import check_bool, check_positive
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -52,7 +52,7 @@ class TokenEmbedding(keras.layers.Layer):
             "vocabulary_size", vocabulary_size
         )
         self.hidden_dim = check_positive("hidden_dim", hidden_dim)
-        self.scale = bool(scale)
+        self.scale = check_bool("scale", scale)
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(
                 stddev=self.hidden_dim**-0.5

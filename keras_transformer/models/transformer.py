@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import keras
@@ -263,9 +264,26 @@ class Transformer(keras.Model):
     def __call__(self, inputs, *args, **kwargs):
         # Before Keras converts or traces anything; values that are only
         # known inside a compiled function are checked where they are
-        # made (the data pipeline) or handed in (`fit`, `predict`).
-        self._check_values(inputs)
+        # made (the data pipeline) or handed in (`fit`, `predict`). The
+        # steps of `fit` and `predict` skip it: their array inputs were
+        # checked on entry, and on torch the per-step copy of device
+        # tensors to the host would stall the GPU queue.
+        if not self.__dict__.get("_inputs_checked", False):
+            self._check_values(inputs)
         return super().__call__(inputs, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def _inputs_checked_on_entry(self, x, y=None):
+        """Checks ``x`` and the labels ``y``, then runs the body without
+        checking them again at every step. Written into ``__dict__`` to
+        stay out of Keras' and torch's attribute tracking."""
+        self._check_values(x, _labels(y))
+        previous = self.__dict__.get("_inputs_checked", False)
+        self.__dict__["_inputs_checked"] = True
+        try:
+            yield
+        finally:
+            self.__dict__["_inputs_checked"] = previous
 
     def call(self, inputs, training=None, mask=None):
         self._check_inputs(inputs)
@@ -310,28 +328,34 @@ class Transformer(keras.Model):
             )
 
     def fit(self, x=None, y=None, *args, **kwargs):
-        self._check_values(x, _labels(y))
-        return super().fit(x, y, *args, **kwargs)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (tuple, list)) and validation:
+            self._check_values(
+                validation[0],
+                _labels(validation[1]) if len(validation) > 1 else None,
+            )
+        with self._inputs_checked_on_entry(x, y):
+            return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._check_values(x, _labels(y))
-        return super().evaluate(x, y, *args, **kwargs)
+        with self._inputs_checked_on_entry(x, y):
+            return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        self._check_values(x)
-        return super().predict(x, *args, **kwargs)
+        with self._inputs_checked_on_entry(x):
+            return super().predict(x, *args, **kwargs)
 
     def train_on_batch(self, x, y=None, *args, **kwargs):
-        self._check_values(x, _labels(y))
-        return super().train_on_batch(x, y, *args, **kwargs)
+        with self._inputs_checked_on_entry(x, y):
+            return super().train_on_batch(x, y, *args, **kwargs)
 
     def test_on_batch(self, x, y=None, *args, **kwargs):
-        self._check_values(x, _labels(y))
-        return super().test_on_batch(x, y, *args, **kwargs)
+        with self._inputs_checked_on_entry(x, y):
+            return super().test_on_batch(x, y, *args, **kwargs)
 
     def predict_on_batch(self, x):
-        self._check_values(x)
-        return super().predict_on_batch(x)
+        with self._inputs_checked_on_entry(x):
+            return super().predict_on_batch(x)
 
     def _check_inputs(self, inputs):
         if not isinstance(inputs, dict):

@@ -166,6 +166,9 @@ def test_fit_refuses_bad_ids_and_labels_before_training(model):
         lambda: model.evaluate(batch, bad_labels, verbose=0),
         lambda: model.train_on_batch(batch, bad_labels),
         lambda: model.test_on_batch(batch, bad_labels),
+        lambda: model.fit(
+            batch, labels, validation_data=(batch, bad_labels), verbose=0
+        ),
     ):
         with pytest.raises(
             ValueError, match=re.escape(f"labels[{row}, {column}] = 43 ")
