@@ -10,7 +10,13 @@ Example:
 >>> ds = kt.data.translation_dataset(
 ...     source, target, tokenizer, max_tokens=4096, shuffle=True, seed=0
 ... )
+
+The tf.data pipeline (`translation_dataset`, `batch_statistics`,
+`BatchStatistics`) loads TensorFlow, and loads on first use: reading
+corpora and loading a tokenizer do not import TensorFlow.
 """
+
+import importlib
 
 from keras_transformer.data.bucketing import BatchPlanner, learn_bucket_shapes
 from keras_transformer.data.corpus import (
@@ -27,16 +33,30 @@ from keras_transformer.data.datasets import (
     load_dataset,
     load_pairs,
 )
-from keras_transformer.data.pipeline import (
-    BatchStatistics,
-    batch_statistics,
-    translation_dataset,
-)
 from keras_transformer.data.tokenizer import (
     SubwordTokenizer,
     load_tokenizer,
     train_tokenizer,
 )
+
+# Public names of the modules that import TensorFlow, loaded on first use.
+_LAZY_NAMES = {
+    "BatchStatistics": "pipeline",
+    "batch_statistics": "pipeline",
+    "translation_dataset": "pipeline",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY_NAMES:
+        module = importlib.import_module(
+            f"keras_transformer.data.{_LAZY_NAMES[name]}"
+        )
+        return getattr(module, name)
+    raise AttributeError(
+        f"module 'keras_transformer.data' has no attribute {name!r}"
+    )
+
 
 __all__ = [
     "DATASETS",

@@ -2,8 +2,11 @@
 
 The paper encodes both languages with one shared vocabulary of about 37k
 byte-pair-encoding tokens (section 5.1). `train_tokenizer` trains such a
-vocabulary with the `sentencepiece` library; `SubwordTokenizer` tokenizes
-inside tf.data graphs with tensorflow-text and detokenizes back to text.
+vocabulary with the `sentencepiece` library. `SubwordTokenizer` encodes
+Python text with that library (no TensorFlow: a translator on JAX or
+torch never imports it) and tokenizes inside tf.data graphs and exported
+SavedModels with tensorflow-text's op over the same model, which gives
+the same ids; both detokenize back to text.
 """
 
 import io
@@ -11,8 +14,6 @@ import os
 
 import numpy as np
 import sentencepiece as spm
-import tensorflow as tf
-import tensorflow_text as tf_text
 
 from keras_transformer.data.corpus import read_lines
 from keras_transformer.io_utils import read_json, write_json
@@ -27,12 +28,54 @@ CONFIG_FILENAME = "tokenizer.json"
 _FORMAT_VERSION = 1
 
 
+class _NotAModelError(ValueError):
+    """Bytes that are not a SentencePiece model; ``problem`` says how."""
+
+    def __init__(self, problem):
+        super().__init__(
+            f"proto is not a SentencePiece model: {problem}; pass the "
+            f"bytes of a {MODEL_FILENAME} file."
+        )
+        self.problem = problem
+
+
+def _parse_model(proto):
+    """The `sentencepiece` processor of a serialized model."""
+    if not proto:
+        raise _NotAModelError("it is empty")
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(proto)
+    except RuntimeError as error:
+        raise _NotAModelError(
+            f"its {len(proto)} bytes do not parse as a SentencePiece "
+            "model protocol buffer"
+        ) from error
+    if processor.get_piece_size() == 0:
+        raise _NotAModelError(f"its {len(proto)} bytes hold no pieces")
+    return processor
+
+
+def _describe(value):
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                return f"item {i} of type {type(item).__name__}: {item!r}"
+    return f"a {type(value).__name__}"
+
+
 class SubwordTokenizer:
     """A SentencePiece subword tokenizer shared by source and target.
 
     Ids 0 to 3 are reserved: ``pad_id`` (0), ``unk_id`` (1), ``start_id``
-    (2) and ``end_id`` (3). `tokenize` never adds start or end ids; the
-    input pipeline adds them.
+    (2) and ``end_id`` (3). Neither `encode` nor `tokenize` adds start or
+    end ids; the input pipeline and the translator add them.
+
+    Two ways to the same ids: `encode` runs the `sentencepiece` library
+    on Python text and returns lists, without TensorFlow; `tokenize`
+    runs tensorflow-text's op, which also works on (symbolic) string
+    tensors inside a tf.data map or a SavedModel, and imports TensorFlow
+    on first use. `detokenize` needs no TensorFlow.
 
     Build one with `train_tokenizer` or `load_tokenizer`; the constructor
     takes a serialized SentencePiece model.
@@ -43,13 +86,9 @@ class SubwordTokenizer:
         config: optional dict of metadata saved next to the model (the
             training settings).
 
-    Call arguments of `tokenize`:
-        inputs: a str, a list of str, or a tf string tensor (also a
-            symbolic one inside a tf.data map).
-
     Example:
     >>> tokenizer = train_tokenizer(["train.en", "train.de"], 8000)
-    >>> ids = tokenizer.tokenize(["A man rides a bike."])
+    >>> ids = tokenizer.encode(["A man rides a bike."])
     >>> tokenizer.detokenize(ids)
     ['A man rides a bike.']
     """
@@ -62,7 +101,7 @@ class SubwordTokenizer:
                 "read a saved tokenizer."
             )
         self._proto = proto
-        self._processor = spm.SentencePieceProcessor(model_proto=proto)
+        self._processor = _parse_model(proto)
         expected = {
             "pad_id": PAD_ID,
             "unk_id": UNK_ID,
@@ -79,22 +118,34 @@ class SubwordTokenizer:
                     "pad_id=0, unk_id=1, bos_id=2, eos_id=3 to the "
                     "SentencePiece trainer."
                 )
-        self._tf_tokenizer = self._new_tf_tokenizer()
+        # tensorflow-text's op, made on the first `tokenize`.
+        self._tf_tokenizer = None
         self.config = dict(config or {})
 
     def _new_tf_tokenizer(self):
+        import tensorflow as tf
+        import tensorflow_text as tf_text
+
         return tf_text.SentencepieceTokenizer(
             model=self._proto, out_type=tf.int32
         )
 
     def _refresh(self):
-        """Recreates the tensorflow-text op if its resource is gone.
+        """Creates the tensorflow-text op, or recreates it if its
+        resource is gone.
 
         The op's model lives in a TensorFlow resource owned by a cached
         kernel; `tf.random.set_seed` (and `keras.utils.set_random_seed`)
         clear that cache, after which the old handle fails with NotFound.
         """
+        import tensorflow as tf
+
+        # Made eagerly, also while a graph is traced: the graph captures
+        # the handle of a resource that outlives it.
         with tf.init_scope():
+            if self._tf_tokenizer is None:
+                self._tf_tokenizer = self._new_tf_tokenizer()
+                return
             try:
                 self._tf_tokenizer.tokenize(tf.constant([""]))
             except tf.errors.NotFoundError:
@@ -115,30 +166,61 @@ class SubwordTokenizer:
         """The serialized SentencePiece model."""
         return self._proto
 
-    def tokenize(self, inputs):
-        """Subword ids of text, without start or end ids.
+    def encode(self, inputs):
+        """Subword ids of text, without start or end ids, computed with
+        the `sentencepiece` library (no TensorFlow).
+
+        Gives the ids of `tokenize`: the same model, no sampling, no
+        added start or end.
 
         Args:
-            inputs: a str, a list of str, or a tf string tensor.
+            inputs: a str, or a list (or tuple) of str.
+
+        Returns:
+            A list of int for a str; a list of lists of int for a list.
+        """
+        if isinstance(inputs, str):
+            return self._processor.encode(inputs)
+        if not isinstance(inputs, (list, tuple)) or not all(
+            isinstance(text, str) for text in inputs
+        ):
+            raise TypeError(
+                "encode expects a str or a list of str; got "
+                f"{_describe(inputs)}. Use tokenize for string tensors."
+            )
+        return self._processor.encode(list(inputs))
+
+    def tokenize(self, inputs):
+        """Subword ids of text as TensorFlow tensors, without start or
+        end ids (tensorflow-text's op; imports TensorFlow).
+
+        Use it inside tf.data maps and TensorFlow graphs; `encode` gives
+        the same ids as Python lists without TensorFlow.
+
+        Args:
+            inputs: a str, a list of str, or a tf string tensor (also a
+                symbolic one inside a tf.data map).
 
         Returns:
             int32 ids: a 1-D tensor for a single string, a
             ``tf.RaggedTensor`` of shape ``(batch, None)`` for a batch.
         """
+        import tensorflow as tf
+
         if isinstance(inputs, (list, tuple)):
             inputs = tf.constant(
                 list(inputs), dtype=tf.string, shape=[len(inputs)]
             )
         elif isinstance(inputs, (str, bytes)):
             inputs = tf.constant(inputs, dtype=tf.string)
-        if tf.executing_eagerly():
+        if self._tf_tokenizer is not None and tf.executing_eagerly():
             try:
                 return self._tf_tokenizer.tokenize(inputs)
             except tf.errors.NotFoundError:
                 self._tf_tokenizer = self._new_tf_tokenizer()
         else:
-            # Tracing a graph (a tf.data map): it captures the op's
-            # resource handle, which must be alive.
+            # Tracing a graph (a tf.data map) captures the op's resource
+            # handle, which must be alive.
             self._refresh()
         return self._tf_tokenizer.tokenize(inputs)
 
@@ -162,7 +244,7 @@ class SubwordTokenizer:
         Returns:
             A list of str for a batch, a str for a single sequence.
         """
-        if isinstance(ids, tf.RaggedTensor):
+        if hasattr(ids, "to_list"):  # a tf.RaggedTensor
             ids = ids.to_list()
         elif isinstance(ids, (list, tuple)):
             ids = list(ids)
@@ -253,6 +335,12 @@ def load_tokenizer(directory):
     with open(paths[0], "rb") as f:
         proto = f.read()
     config = read_json(paths[1])
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{paths[1]} holds a JSON {type(config).__name__}, not the "
+            "object tokenizer.save writes; re-save the tokenizer, or "
+            "re-download or re-save the translator that holds it."
+        )
     version = config.pop("format_version", None)
     if version != _FORMAT_VERSION:
         raise ValueError(
@@ -263,7 +351,14 @@ def load_tokenizer(directory):
     saved_size = config.pop("vocabulary_size", None)
     for name in ("pad_id", "unk_id", "start_id", "end_id"):
         config.pop(name, None)
-    tokenizer = SubwordTokenizer(proto, config=config)
+    try:
+        tokenizer = SubwordTokenizer(proto, config=config)
+    except _NotAModelError as error:
+        raise ValueError(
+            f"{paths[0]} is not a SentencePiece model: {error.problem}; "
+            "re-save the tokenizer, or re-download or re-save the "
+            "translator that holds it."
+        ) from error
     if saved_size != tokenizer.vocabulary_size:
         raise ValueError(
             f"{paths[1]} says vocabulary_size={saved_size} but "

@@ -165,3 +165,125 @@ def test_survives_a_global_seed_reset(small_tokenizer):
     mapped = tf.data.Dataset.from_tensor_slices(["A red ball."]).batch(1)
     mapped = mapped.map(small_tokenizer.tokenize)
     assert next(iter(mapped)).to_list() == expected
+
+
+# --- the sentencepiece library (encode) and tensorflow-text (tokenize)
+
+EDGE_CASES = [
+    "",
+    " ",
+    "  two  spaces  ",
+    "\t",
+    "Straße, Ärger, Öl, ß.",
+    "日本語のテキスト",
+    "emoji 🚲🐕 and a zero-width joiner 👩‍👩‍👧",
+    "<s> </s> <pad> <unk>",  # the reserved pieces, as text
+    "é composed vs e\u0301 decomposed",
+    "A man rides a bike. " * 400,  # very long
+]
+
+
+def _assert_same_ids(tokenizer, sentences):
+    ids = tokenizer.encode(sentences)
+    assert isinstance(ids, list) and all(isinstance(r, list) for r in ids)
+    assert ids == tokenizer.tokenize(sentences).to_list()
+    assert tokenizer.detokenize(ids) == tokenizer.detokenize(
+        tokenizer.tokenize(sentences)
+    )
+    for sentence, row in zip(sentences, ids, strict=True):
+        assert tokenizer.encode(sentence) == row
+        assert tokenizer.detokenize(row) == tokenizer.detokenize(
+            tokenizer.tokenize(sentence)
+        )
+
+
+def test_encode_equals_tokenize_on_multi30k(multi30k_paths, multi30k_tokenizer):
+    from keras_transformer.data import read_parallel_corpus
+
+    pairs, _ = read_parallel_corpus(*multi30k_paths)
+    rng = np.random.default_rng(30)
+    picked = rng.choice(len(pairs), size=500, replace=False)
+    sentences = [pairs[i][side] for i in picked for side in (0, 1)]
+    _assert_same_ids(multi30k_tokenizer, sentences + EDGE_CASES)
+    ids = multi30k_tokenizer.encode(EDGE_CASES)
+    assert ids[0] == [] and len(ids[-1]) > 1000
+    assert min(min(row) for row in ids if row) > multi30k_tokenizer.end_id
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.text(st.characters(exclude_categories=["Cs"])),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_encode_equals_tokenize_on_any_text(small_tokenizer, sentences):
+    _assert_same_ids(small_tokenizer, sentences)
+    # Identity normalization and byte fallback: the text comes back (an
+    # empty list would read as one empty sequence).
+    assert small_tokenizer.detokenize(small_tokenizer.encode(sentences)) == (
+        sentences
+    )
+
+
+@pytest.mark.parametrize("bad", [7, None, ["a", 3], [b"bytes"]])
+def test_encode_refuses_what_is_not_text(small_tokenizer, bad):
+    with pytest.raises(TypeError, match="encode expects a str or a list"):
+        small_tokenizer.encode(bad)
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"not a sentencepiece model\n" * 3, "its 78 bytes do not parse"),
+        (b"", "it is empty"),
+    ],
+)
+def test_garbage_model_file_is_named(
+    small_tokenizer, tmp_path, content, problem
+):
+    small_tokenizer.save(tmp_path / "t")
+    path = tmp_path / "t" / "tokenizer.model"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as error:
+        load_tokenizer(tmp_path / "t")
+    message = str(error.value)
+    assert message.startswith(f"{path} is not a SentencePiece model: ")
+    assert problem in message and "re-download" in message
+    assert "\n" not in message
+    with pytest.raises(ValueError, match="proto is not a SentencePiece"):
+        SubwordTokenizer(content)
+
+
+def test_config_that_is_not_an_object_is_named(small_tokenizer, tmp_path):
+    small_tokenizer.save(tmp_path / "t")
+    path = tmp_path / "t" / "tokenizer.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=f"{path} holds a JSON list"):
+        load_tokenizer(tmp_path / "t")
+
+
+def test_loading_and_encoding_import_no_tensorflow(small_tokenizer, tmp_path):
+    # A fresh interpreter: this one imported TensorFlow for the tests
+    # above.
+    import subprocess
+    import sys
+
+    small_tokenizer.save(tmp_path / "t")
+    script = (
+        "import sys; from keras_transformer.data import load_tokenizer; "
+        f"t = load_tokenizer({str(tmp_path / 't')!r}); "
+        "ids = t.encode(['A man rides a bike.', 'Zwei Hunde.']); "
+        "print(ids, t.detokenize(ids), "
+        "sorted(m for m in sys.modules if m.startswith('tensorflow')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    sentences = ["A man rides a bike.", "Zwei Hunde."]
+    expected = small_tokenizer.tokenize(sentences).to_list()
+    assert result.stdout.strip() == f"{expected} {sentences} []"
