@@ -622,12 +622,16 @@ class Transformer(keras.Model):
             )
         except FileNotFoundError:
             raise
-        except (OSError, ValueError, KeyError) as error:
-            reason = " ".join(str(error).split()) or type(error).__name__
+        except OSError as error:
             raise ValueError(
-                f"{os.fspath(filepath)} cannot be loaded as this model's "
-                f"weights ({reason}); the file is truncated, corrupt or "
-                "of another model: re-save or re-download it."
+                f"{os.fspath(filepath)} cannot be read as Keras weights "
+                f"({_one_line(error)}); the file is truncated or corrupt: "
+                "re-save or re-download it."
+            ) from error
+        except (ValueError, KeyError) as error:
+            raise ValueError(
+                f"{os.fspath(filepath)} does not hold this model's weights: "
+                f"{_one_line(error)}"
             ) from error
 
     @classmethod
@@ -653,6 +657,10 @@ class Transformer(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+def _one_line(error):
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _labels(y):
