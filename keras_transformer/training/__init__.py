@@ -13,6 +13,7 @@ from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.training.optimizers import Adam
 from keras_transformer.training.schedule import (
     TransformerSchedule,
+    fit_schedule,
     transformer_optimizer,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "TransformerSchedule",
     "average_checkpoints",
     "fit_resumable",
+    "fit_schedule",
     "list_checkpoints",
     "restore_training_state",
     "transformer_optimizer",
@@ -39,11 +41,13 @@ from keras_transformer.training.recipes import (
     get_recipe,
     run_recipe,
 )
+from keras_transformer.training.run_directory import RunInterrupted
 
 __all__ += [
     "RECIPES",
     "BleuCallback",
     "Recipe",
+    "RunInterrupted",
     "RunSummary",
     "TimeLimit",
     "get_recipe",

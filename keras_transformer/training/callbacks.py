@@ -1,5 +1,7 @@
 """Callbacks of the training recipes."""
 
+import math
+import numbers
 import os
 import time
 
@@ -15,32 +17,46 @@ class TimeLimit(keras.callbacks.Callback):
     runs also when training stops, so the callback measures it along with
     the batches: after each batch it stops unless one more batch, any epoch
     end due before it, and the final epoch end still fit in the limit.
+
+    Args:
+        max_minutes: the limit, a positive number, or None for none.
+        clock: a function returning the time in seconds
+            (`time.monotonic`; a test passes its own).
     """
 
-    def __init__(self, max_minutes):
+    def __init__(self, max_minutes, clock=time.monotonic):
         super().__init__()
-        if max_minutes is not None and max_minutes <= 0:
-            raise ValueError(f"max_minutes={max_minutes} must be positive.")
+        if max_minutes is not None and (
+            not isinstance(max_minutes, numbers.Real)
+            or isinstance(max_minutes, bool)
+            or not math.isfinite(max_minutes)
+            or max_minutes <= 0
+        ):
+            raise ValueError(
+                f"max_minutes={max_minutes!r} must be a positive number "
+                "of minutes, or None for no limit."
+            )
         self.max_minutes = max_minutes
+        self.clock = clock
         self.stopped = False
         self.epoch_end_seconds = 0.0
         self.batch_seconds = 0.0
 
     def on_train_begin(self, logs=None):
-        self._start = time.monotonic()
+        self._start = self.clock()
         self._last_batch_end = None
 
     def on_epoch_begin(self, epoch, logs=None):
         # The pause since the last batch: the epoch-end callbacks' work.
         if self._last_batch_end is not None:
-            pause = time.monotonic() - self._last_batch_end
+            pause = self.clock() - self._last_batch_end
             self.epoch_end_seconds = max(self.epoch_end_seconds, pause)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._batch_start = time.monotonic()
+        self._batch_start = self.clock()
 
     def on_train_batch_end(self, batch, logs=None):
-        self._last_batch_end = now = time.monotonic()
+        self._last_batch_end = now = self.clock()
         # The first batches compile or warm up: the latest one is the
         # estimate for the next.
         self.batch_seconds = now - self._batch_start

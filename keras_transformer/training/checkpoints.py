@@ -180,6 +180,16 @@ def _random_states(model):
     return [v for v in model.variables if id(v) not in weights]
 
 
+def saved_epoch(directory):
+    """The number of epochs whose training state `ResumableCheckpoint`
+    saved in ``directory`` (0 when none): a run started again resumes
+    after them."""
+    path = os.path.join(directory, STATE_JSON)
+    if not os.path.exists(path):
+        return 0
+    return int(read_json(path)["epoch"])
+
+
 def restore_training_state(model, directory):
     """Loads the state `ResumableCheckpoint` saved into a compiled
     ``model``; returns ``{"step": ..., "epoch": ...}``, or step and epoch 0
@@ -274,4 +284,5 @@ __all__ = [
     "list_checkpoints",
     "restore_training_state",
     "save_training_state",
+    "saved_epoch",
 ]

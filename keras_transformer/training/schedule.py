@@ -82,6 +82,41 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
+def fit_schedule(warmup_steps, cooldown_steps, total_steps):
+    """The warm-up and cool-down of a run of ``total_steps`` optimizer
+    steps, as ``(warmup_steps, cooldown_steps)``.
+
+    Unchanged when they fit in the run. A shorter run (a smoke test of a
+    few steps) would otherwise spend all of it warming up, or cooling
+    down from a rate that never rose: both are then scaled by
+    ``total_steps / (warmup_steps + cooldown_steps)`` (rounded, at least
+    one warm-up step, a cool-down of at least one step when there was
+    one), so that the rate still rises to its peak and falls to the end.
+
+    Example:
+    >>> fit_schedule(400, 575, 20)
+    (8, 12)
+    """
+    for name, value, minimum in (
+        ("warmup_steps", warmup_steps, 1),
+        ("cooldown_steps", cooldown_steps, 0),
+        ("total_steps", total_steps, 1),
+    ):
+        if isinstance(value, bool) or int(value) != value or value < minimum:
+            raise ValueError(
+                f"{name}={value!r} must be an integer of at least {minimum}."
+            )
+    warmup_steps, cooldown_steps = int(warmup_steps), int(cooldown_steps)
+    if warmup_steps + cooldown_steps <= total_steps:
+        return warmup_steps, cooldown_steps
+    factor = total_steps / (warmup_steps + cooldown_steps)
+    warmup = max(1, round(warmup_steps * factor))
+    cooldown = min(total_steps, round(cooldown_steps * factor))
+    if cooldown_steps:
+        cooldown = max(1, cooldown)
+    return warmup, cooldown
+
+
 def transformer_optimizer(
     hidden_dim,
     warmup_steps=4000,
