@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import time
 
 import keras
 import numpy as np
@@ -663,26 +662,38 @@ def test_killed_run_on_the_real_pipeline_ends_with_the_same_weights(
     )
 
 
+class Clock:
+    """Seconds that pass only when the test advances them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
 def test_time_limit_leaves_room_for_the_end_of_epoch_work():
     """Training plus the last epoch's end-of-epoch work fits the limit."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     x = np.zeros((8, 4), "float32")
-    # Compile the training step first: on a loaded machine (CI runs the
-    # three backends at once) tracing it inside the timed run can take
-    # most of the limit, leaving room for a single epoch.
-    model.fit(x, x[:, :1], batch_size=1, epochs=1, verbose=0)
-    pause, limit_seconds = 0.8, 4.0
-    limit = training.TimeLimit(max_minutes=limit_seconds / 60.0)
-    # The clock that TimeLimit keeps: from the first callback of `fit` to
-    # the last (data adapters and tracing before it are not counted).
-    clock = {}
-    timer = keras.callbacks.LambdaCallback(
-        on_train_begin=lambda logs: clock.update(begin=time.monotonic()),
-        on_train_end=lambda logs: clock.update(end=time.monotonic()),
+    # On the limit's clock each batch takes 1/16 s and each epoch's end
+    # (saving, validation) 0.75 s: epochs of 1.25 s, binary fractions so
+    # that the sums are exact.
+    batch, pause, limit_seconds = 0.0625, 0.75, 4.0
+    clock = Clock()
+    limit = training.TimeLimit(max_minutes=limit_seconds / 60.0, clock=clock)
+    work = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch_index, logs: clock.advance(batch),
+        on_epoch_end=lambda epoch, logs: clock.advance(pause),
     )
-    slow_epoch_end = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: time.sleep(pause)
+    times = {}
+    timer = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: times.update(begin=clock()),
+        on_train_end=lambda logs: times.update(end=clock()),
     )
     history = model.fit(
         x,
@@ -690,17 +701,20 @@ def test_time_limit_leaves_room_for_the_end_of_epoch_work():
         batch_size=1,
         epochs=1000,
         verbose=0,
-        callbacks=[timer, limit, slow_epoch_end],
+        callbacks=[timer, work, limit],
     )
-    total = clock["end"] - clock["begin"]
+    total = times["end"] - times["begin"]
     assert limit.stopped
-    assert len(history.epoch) >= 2
-    assert limit.epoch_end_seconds >= pause
-    # Without the reserve the run would overshoot by the whole pause; the
-    # margin allows for a slow batch on a loaded machine.
-    assert total <= limit_seconds + pause / 2, total
+    assert (limit.batch_seconds, limit.epoch_end_seconds) == (batch, pause)
+    # Three epochs end at 3.75 s; a fourth, cut after any batch, would
+    # still end with its 0.75 s of epoch-end work, past the limit at
+    # 4.5625 s or later: without the reserve the run would overshoot.
+    assert len(history.epoch) == 3
+    assert total == 3 * (8 * batch + pause)
+    assert total <= limit_seconds
     # And it does not stop much earlier than it must.
-    assert total >= limit_seconds - 2 * pause - 0.5, total
+    assert total > limit_seconds - (8 * batch + pause)
 
-    with pytest.raises(ValueError, match="max_minutes=0"):
-        training.TimeLimit(max_minutes=0)
+    for bad in (0, -1.0, "5", float("nan")):
+        with pytest.raises(ValueError, match=f"max_minutes={bad!r}"):
+            training.TimeLimit(max_minutes=bad)
