@@ -319,8 +319,14 @@ def _jax(mode, model_parallel, divides):
         # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES and _PROCESS_ID too.
         keras.distribution.initialize()
     devices = keras.distribution.list_devices()
+    # Each process reads its own rows of every global batch
+    # (`Distribution.shard_dataset`), so Keras is not to shard the
+    # dataset again; it assembles the global batch from the processes'
+    # rows.
     if mode == "data":
-        engine = keras.distribution.DataParallel(devices=devices)
+        engine = keras.distribution.DataParallel(
+            devices=devices, auto_shard_dataset=False
+        )
         replicas = len(devices)
     else:
         model = _model_axis_size(len(devices), model_parallel, divides)
@@ -330,7 +336,9 @@ def _jax(mode, model_parallel, divides):
             devices=devices,
         )
         engine = keras.distribution.ModelParallel(
-            layout_map=layout_map(mesh), batch_dim_name="batch"
+            layout_map=layout_map(mesh),
+            batch_dim_name="batch",
+            auto_shard_dataset=False,
         )
         replicas = len(devices) // model
     # Global, not only in `scope`: `fit` lays out each batch with it.

@@ -1,0 +1,187 @@
+"""Several hosts, as two processes on 127.0.0.1: the README's multi-host
+command of each engine against one process with the same global
+batches."""
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import h5py
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import MULTI30K, REPO_ROOT
+
+BACKEND = keras.backend.backend()
+TIMEOUT = 900
+MODEL = {
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 1,
+    "hidden_dim": 32,
+    "num_heads": 4,
+    "intermediate_dim": 64,
+    "dropout": 0.0,
+}
+# Two steps at a learning rate of 0.01 (no cool-down), so that the
+# weights move.
+SETTINGS = {
+    "steps_per_epoch": 2,
+    "checkpoint_every": 1,
+    "average_last": 2,
+    "vocabulary_size": 600,
+    "max_tokens": 512,
+    "bleu_subset": 0,
+    "warmup_steps": 2,
+    "cooldown_steps": 0,
+    "learning_rate_scale": 0.1,
+    "model": MODEL,
+}
+
+
+def _train_command(output):
+    settings = [
+        argument
+        for key, value in SETTINGS.items()
+        for argument in ("--set", f"{key}={json.dumps(value)}")
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "keras_transformer.cli",
+        "train",
+        "--recipe",
+        "multi30k_en_de",
+        "--data-dir",
+        str(MULTI30K),
+        "--output",
+        str(output),
+        "--max-steps",
+        "2",
+        "--no-evaluate",
+        "--quiet",
+        "--distribute",
+        "data",
+        *settings,
+    ]
+
+
+def _environment(**extra):
+    environment = dict(os.environ)
+    environment.update(
+        KERAS_BACKEND=BACKEND,
+        PYTHONPATH=os.pathsep.join(
+            [str(REPO_ROOT), environment.get("PYTHONPATH", "")]
+        ),
+        TF_CPP_MIN_LOG_LEVEL="3",
+        **extra,
+    )
+    return environment
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _run_processes(commands_and_environments):
+    processes = [
+        subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for command, environment in commands_and_environments
+    ]
+    outputs = [p.communicate(timeout=TIMEOUT)[0] for p in processes]
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output[-4000:]
+
+
+def _weights(directory):
+    weights = {}
+    with h5py.File(directory / "model.weights.h5") as file:
+        file.visititems(
+            lambda name, item: (
+                weights.__setitem__(name, item[()])
+                if isinstance(item, h5py.Dataset)
+                else None
+            )
+        )
+    return weights
+
+
+def _losses(directory):
+    with open(directory / "logs" / "training.csv") as file:
+        return [float(row["loss"]) for row in csv.DictReader(file)]
+
+
+def _assert_same_training(run, reference):
+    np.testing.assert_allclose(_losses(run), _losses(reference), rtol=1e-5)
+    got, want = _weights(run), _weights(reference)
+    assert got.keys() == want.keys()
+    largest = {}
+    for name in want:
+        difference = float(np.abs(got[name] - want[name]).max())
+        # A key projection's bias adds one constant to every score of a
+        # query, which the softmax removes (section 3.2.1): its gradient
+        # is zero up to rounding, and Adam's epsilon of 1e-9 turns that
+        # rounding into steps of up to the learning rate.
+        bound = 2 * 0.0103 if "key_dense/vars/1" in name else 1e-4
+        assert difference <= bound, (name, difference)
+        largest[name] = difference
+    # Shown with `pytest -s`: the measured agreement.
+    others = [d for n, d in largest.items() if "key_dense/vars/1" not in n]
+    print(
+        f"largest weight difference {max(others):.2e}, key biases "
+        f"{max(largest.values()):.2e}"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's multi-process engine")
+def test_jax_two_processes_match_one_process(tmp_path):
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    ports = _free_ports(2)
+    addresses = ",".join(f"127.0.0.1:{port}" for port in ports)
+    two = tmp_path / "two"
+    _run_processes(
+        [
+            (
+                _train_command(two),
+                _environment(
+                    XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                    KERAS_DISTRIBUTION_JOB_ADDRESSES=addresses,
+                    KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+                    KERAS_DISTRIBUTION_PROCESS_ID=str(index),
+                ),
+            )
+            for index in range(2)
+        ]
+    )
+    one = tmp_path / "one"
+    _run_processes(
+        [
+            (
+                _train_command(one),
+                _environment(
+                    XLA_FLAGS="--xla_force_host_platform_device_count=4"
+                ),
+            )
+        ]
+    )
+    # The chief writes the run directory.
+    assert (two / "model.weights.h5").is_file()
+    _assert_same_training(two, one)
