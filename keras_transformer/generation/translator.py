@@ -279,7 +279,9 @@ class Translator:
     def _tokenize(self, sentences, config):
         if not sentences:
             return []
-        tokens = self.tokenizer.tokenize(list(sentences))
+        # `SubwordTokenizer.encode` gives its ids without TensorFlow.
+        encode = getattr(self.tokenizer, "encode", self.tokenizer.tokenize)
+        tokens = encode(list(sentences))
         tokens = tokens.to_list() if hasattr(tokens, "to_list") else tokens
         tokens = [[int(t) for t in row] for row in tokens]
         limit = self.model.max_sequence_length - 1  # one place for the end
@@ -710,6 +712,14 @@ def _load_directory(directory):
                 "with Translator.save(directory)."
             )
     config = read_json(os.path.join(directory, CONFIG_FILE))
+    if not isinstance(config, dict) or not isinstance(
+        config.get("model_config"), dict
+    ):
+        raise ValueError(
+            f"{os.path.join(directory, CONFIG_FILE)} is not a translator's "
+            "config (a JSON object with a model_config object); re-save "
+            "or re-download the translator."
+        )
     version = config.get("format_version")
     if version != FORMAT_VERSION:
         raise ValueError(
@@ -732,17 +742,43 @@ def _load_directory(directory):
             f"{quantization!r}; this keras-transformer ({__version__}) "
             f"loads {QUANTIZATION_MODES}. Upgrade keras-transformer.",
         )
-    model = Transformer.from_config(config["model_config"])
+    model = _model_from_config(directory, config["model_config"])
     if quantization is not None:
         # The int8 variables are made by quantizing the new float model;
         # loading then replaces their values with the saved ones.
         quantize_model(model, quantization)
     model.load_weights(os.path.join(directory, WEIGHTS_FILE))
     tokenizer = _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
-    generation = GenerationConfig.from_dict(
-        read_json(os.path.join(directory, GENERATION_CONFIG_FILE))
-    )
-    return model, tokenizer, generation
+    return model, tokenizer, _read_generation_config(directory)
+
+
+def _model_from_config(directory, model_config):
+    """The `Transformer` of a saved ``model_config``; a config it cannot
+    build names the file."""
+    try:
+        return Transformer.from_config(model_config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"model_config in {os.path.join(directory, CONFIG_FILE)} does "
+            f"not build a Transformer: {error}; re-save or re-download the "
+            "translator."
+        ) from error
+
+
+def _read_generation_config(directory):
+    path = os.path.join(directory, GENERATION_CONFIG_FILE)
+    settings = read_json(path)
+    if not isinstance(settings, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(settings).__name__}, not an object "
+            "of generation settings; re-save or re-download the translator."
+        )
+    try:
+        return GenerationConfig.from_dict(settings)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path}: {error} Re-save or re-download the translator."
+        ) from error
 
 
 def check_export_directory(directory, overwrite=False):
@@ -803,8 +839,8 @@ def quantize_model(model, mode):
 def _load_tokenizer(directory):
     if marian.is_marian_tokenizer_directory(directory):
         return marian.load_marian_tokenizer(directory)
-    # `keras_transformer.data` imports TensorFlow: loaded for its
-    # tokenizers only, so that translating on JAX or torch does not.
+    # Imported here: `generation` does not depend on `data` otherwise.
+    # Neither this nor `encode` imports TensorFlow.
     from keras_transformer.data import load_tokenizer
 
     return load_tokenizer(directory)
