@@ -3,13 +3,16 @@ Keras 3, on TensorFlow, JAX and PyTorch."""
 
 import importlib
 
-from keras_transformer import layers, models
-from keras_transformer.models import Transformer
+from keras_transformer import _keras_registration
 from keras_transformer.version import __version__
 
-# Submodules that import TensorFlow or other heavy dependencies load on
-# first use, so that `import keras_transformer` stays light on JAX and torch.
+# Every submodule and public name loads on first use (PEP 562), so that
+# `import keras_transformer` imports no Keras or backend until a model,
+# layer or translator is asked for: `keras-transformer --help` and
+# `--version` stay fast, and TensorFlow stays out of JAX and torch runs.
 _LAZY_SUBMODULES = (
+    "layers",
+    "models",
     "data",
     "generation",
     "training",
@@ -19,9 +22,9 @@ _LAZY_SUBMODULES = (
     "marian",
 )
 
-
-# Public names that live in lazily loaded submodules.
+# Public names and the submodules they live in.
 _LAZY_NAMES = {
+    "Transformer": "models",
     "Translator": "generation",
     "plot_attention": "plotting",
     "plot_training": "plotting",
@@ -39,6 +42,15 @@ def __getattr__(name):
     raise AttributeError(
         f"module 'keras_transformer' has no attribute {name!r}"
     )
+
+
+# `keras.saving.load_model` needs the layers and models registered: they
+# are imported as soon as Keras is.
+_keras_registration.install()
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY_SUBMODULES, *_LAZY_NAMES})
 
 
 __all__ = [

@@ -4,10 +4,14 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import importlib.abc
+import importlib.util
 import itertools
+import os
 import sys
 import time
 
+from keras_transformer._recipe_names import RECIPE_NAMES
 from keras_transformer.version import __version__
 
 
@@ -24,6 +28,7 @@ def build_parser():
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {__version__}"
     )
+    _add_global_flags(parser, default=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(commands)
     _add_evaluate(commands)
@@ -34,12 +39,29 @@ def build_parser():
     _add_plot_training(commands)
     _add_push(commands)
     _add_pull(commands)
+    for command in commands.choices.values():
+        # Also after the command; the global value stays unless given.
+        _add_global_flags(command, default=argparse.SUPPRESS)
     return parser
 
 
-def _add_train(commands):
-    from keras_transformer.training.recipes import RECIPES
+def _add_global_flags(parser, default):
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="keep the messages of TensorFlow, absl, oneDNN, CUDA and "
+        "sentencepiece, and Python warnings (hidden by default)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="show the full traceback of an error instead of one line",
+    )
 
+
+def _add_train(commands):
     parser = commands.add_parser(
         "train",
         help="train a recipe end to end and save a translator",
@@ -51,7 +73,7 @@ def _add_train(commands):
             "--output to resume an interrupted run."
         ),
     )
-    parser.add_argument("--recipe", required=True, choices=sorted(RECIPES))
+    parser.add_argument("--recipe", required=True, choices=RECIPE_NAMES)
     parser.add_argument(
         "--data-dir",
         default=None,
@@ -165,13 +187,22 @@ def _train(args):
         seed=args.seed,
         evaluate=not args.no_evaluate,
         test_limit=args.test_limit,
-        verbose=0 if args.quiet else "auto",
+        verbose=_fit_verbosity(args.quiet, sys.stdout.isatty()),
         distribute=args.distribute,
         model_parallel=args.model_parallel,
         **overrides,
     )
     print(summary)
     return 0
+
+
+def _fit_verbosity(quiet, terminal):
+    """Keras's `fit` verbosity: a progress bar on a terminal, else one
+    plain line per epoch (``2``: no carriage returns or escape codes in
+    a redirected log)."""
+    if quiet:
+        return 0
+    return "auto" if terminal else 2
 
 
 def _add_evaluate(commands):
@@ -198,10 +229,30 @@ def _add_evaluate(commands):
     parser.set_defaults(handler=_evaluate)
 
 
+# Help of the generation settings: None stands for the saved value.
+SAVED_SETTING = "default: the translator's saved generation settings"
+
+
 def _add_search_arguments(parser):
     """Generation settings that override those saved with the model."""
-    parser.add_argument("--beam-size", type=_positive_int, default=None)
-    parser.add_argument("--length-penalty", type=float, default=None)
+    parser.add_argument(
+        "--beam-size",
+        type=_positive_int,
+        default=None,
+        help=f"beams of the beam search ({SAVED_SETTING})",
+    )
+    _add_length_penalty_argument(parser)
+
+
+def _add_length_penalty_argument(parser):
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        help="alpha of the length normalization ((5 + |Y|) / 6) ** alpha "
+        f"({SAVED_SETTING}: a recipe saves the value it chose on its "
+        "validation split)",
+    )
 
 
 def _load_translator(args, *names):
@@ -273,8 +324,6 @@ def _add_average(commands):
 
 
 def _average(args):
-    import os
-
     from keras_transformer.generation import Translator
     from keras_transformer.training import average_checkpoints, list_checkpoints
 
@@ -314,8 +363,10 @@ def _add_translate(commands):
             "is read and translated in chunks of --chunk-size lines, each "
             "written and flushed before the next is read: memory stays "
             "flat on inputs of any length, and a pipe gets its first "
-            "translations early. Defaults are the paper's: beam size 4, "
-            "length penalty 0.6, at most input length + 50 tokens."
+            "translations early. Search settings that are not given "
+            "(--beam-size, --length-penalty, --method, ...) are the "
+            "translator's saved generation settings "
+            "(generation_config.json)."
         ),
     )
     parser.add_argument(
@@ -329,7 +380,10 @@ def _add_translate(commands):
     )
     _add_search_arguments(parser)
     parser.add_argument(
-        "--method", choices=("beam", "greedy", "sample"), default=None
+        "--method",
+        choices=("beam", "greedy", "sample"),
+        default=None,
+        help=f"search ({SAVED_SETTING})",
     )
     _add_sampling_arguments(parser)
     parser.add_argument(
@@ -345,9 +399,14 @@ def _add_translate(commands):
         "--max-length-offset",
         type=int,
         default=None,
-        help="at most input length + this many tokens (50 in the paper)",
+        help=f"at most input length + this many tokens ({SAVED_SETTING})",
     )
-    parser.add_argument("--batch-size", type=_positive_int, default=None)
+    parser.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help=f"sentences per batch ({SAVED_SETTING})",
+    )
     parser.add_argument(
         "--chunk-size",
         type=_positive_int,
@@ -646,6 +705,7 @@ def _format_chunk(first, hypotheses, n_best):
 def _translate(args):
     from keras_transformer.generation import corpus_bleu
 
+    _check_translate_paths(args)
     translator = _load_translator(
         args,
         "method",
@@ -663,7 +723,7 @@ def _translate(args):
     settings = {"num_return_sequences": args.n_best or 1}
     chunk_size = args.chunk_size or _default_chunk_size(args.input)
     # Only --reference and --plot-attention need what was translated.
-    sources, translations = [], []
+    translations, attention = [], []
     progress = _progress(args)
     with (
         _open_lines(args.input, "--input") as lines,
@@ -677,18 +737,62 @@ def _translate(args):
             out.flush()
             if progress is not None:
                 progress.update(len(chunk))
-            if args.reference is not None or args.plot_attention:
+            if args.reference is not None:
                 translations += [row[0].text for row in hypotheses]
             if args.plot_attention:
-                sources += chunk
+                attention += _chunk_attention(
+                    translator, first, chunk, hypotheses
+                )
     if progress is not None:
         progress.close()
     if args.reference is not None:
         references = _read_lines(args.reference, "--reference")
         print(corpus_bleu(translations, references), file=sys.stderr)
     if args.plot_attention:
-        _plot_attention(args, translator, sources, translations)
+        _plot_attention(args, attention)
     return 0
+
+
+def _check_translate_paths(args):
+    """Refuses unreadable inputs and unwritable outputs before the model
+    loads and anything is translated."""
+    _check_readable(args.input, "--input")
+    if args.reference is not None:
+        _check_readable(args.reference, "--reference")
+    _check_writable(args.output, "--output")
+    if args.plot_attention:
+        _check_writable(args.plot_attention, "--plot-attention")
+
+
+def _check_readable(path, flag):
+    if path == "-":
+        return
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            f"{flag} {path} is a directory; pass a file, one sentence per line."
+        )
+    with open(path, "rb"):
+        pass
+
+
+def _check_writable(path, flag):
+    if path == "-":
+        return
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            f"{flag} {path} is a directory; pass a file name."
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(
+            f"{flag} {path}: the directory {parent} does not exist; create "
+            "it first or pass another path."
+        )
+    target = path if os.path.exists(path) else parent
+    if not os.access(target, os.W_OK):
+        raise PermissionError(
+            f"{flag} {path}: {target} is not writable; pass another path."
+        )
 
 
 def _default_chunk_size(path):
@@ -698,21 +802,33 @@ def _default_chunk_size(path):
     return 1 if interactive else CHUNK_SIZE
 
 
-def _plot_attention(args, translator, sources, translations):
-    import os
+def _chunk_attention(translator, first, chunk, hypotheses):
+    """``(line index, SentenceAttention, written translation)`` for each
+    non-empty line of a chunk."""
+    lines = [i for i, source in enumerate(chunk) if source.strip()]
+    if not lines:
+        return []
+    # `Translator.attention` searches again with the same settings and
+    # keeps the generated token ids: the written text tokenized again can
+    # split into other pieces (or many more, for pieces that do not
+    # decode to text), which are not the tokens the model chose. Beam
+    # and greedy search find the same translation again.
+    attention = translator.attention([chunk[i] for i in lines])
+    return [
+        (first + i, sentence, hypotheses[i][0].text)
+        for i, sentence in zip(lines, attention, strict=True)
+    ]
 
+
+def _plot_attention(args, attention):
     from keras_transformer.plotting import plot_attention
 
-    lines = [i for i, source in enumerate(sources) if source.strip()]
-    if not lines:
+    if not attention:
         raise ValueError("--plot-attention: the input has no sentence.")
-    attention = translator.attention(
-        [sources[i] for i in lines], [translations[i] for i in lines]
-    )
     stem, suffix = os.path.splitext(args.plot_attention)
-    for line, sentence in zip(lines, attention, strict=True):
+    for line, sentence, written in attention:
         path = args.plot_attention
-        if len(lines) > 1:
+        if len(attention) > 1:
             path = f"{stem}-{line + 1}{suffix or '.png'}"
         plot_attention(
             sentence,
@@ -720,7 +836,15 @@ def _plot_attention(args, translator, sources, translations):
             kind=args.attention_kind,
             layer=args.attention_layer,
         )
-        print(f"Attention of line {line + 1}: {path}", file=sys.stderr)
+        note = ""
+        if sentence.translation != written:
+            note = f"; drawn for another sample: {sentence.translation!r}"
+        print(
+            f"Attention of line {line + 1}: {path} "
+            f"({len(sentence.output_tokens)} target by "
+            f"{len(sentence.source_tokens)} source tokens{note})",
+            file=sys.stderr,
+        )
 
 
 def _add_score(commands):
@@ -747,8 +871,13 @@ def _add_score(commands):
     parser.add_argument(
         "--output", default="-", help="output file (default: standard output)"
     )
-    parser.add_argument("--length-penalty", type=float, default=None)
-    parser.add_argument("--batch-size", type=_positive_int, default=None)
+    _add_length_penalty_argument(parser)
+    parser.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help=f"pairs per batch ({SAVED_SETTING})",
+    )
     parser.add_argument(
         "--chunk-size", type=_positive_int, default=CHUNK_SIZE, metavar="LINES"
     )
@@ -879,8 +1008,6 @@ def _add_push(commands):
 
 
 def _push(args):
-    import os
-
     from keras_transformer import hub
     from keras_transformer.generation import Translator
 
@@ -970,8 +1097,6 @@ def _add_plot_training(commands):
 
 
 def _plot_training(args):
-    import os
-
     from keras_transformer.plotting import find_training_log, plot_training
 
     path = args.output or os.path.join(
@@ -988,24 +1113,128 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 0
+    if not args.verbose:
+        _quiet()
     if hasattr(args, "check"):
         args.check(args)
+    if args.debug:
+        return args.handler(args)
     try:
         return args.handler(args)
-    except (FileNotFoundError, FileExistsError, ValueError) as error:
-        # Errors a user can cause (a missing file, a bad setting) read as
-        # one line; anything else keeps its traceback.
-        print(
-            f"keras-transformer {args.command}: error: {error}", file=sys.stderr
-        )
-        return 1
+    except KeyboardInterrupt as error:
+        # Ctrl-C: the training run says which epoch a rerun resumes from.
+        _fail(args, str(error) or "interrupted")
+        return 130
     except BrokenPipeError:
         # Whoever read standard output stopped (`... | head`): no
         # traceback, and nothing more to flush into the closed pipe.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except (OSError, ValueError) as error:
+        # Errors a user can cause (a missing, unreadable or unwritable
+        # file, a bad setting) read as one line; anything else keeps its
+        # traceback.
+        message = _user_error(error)
+        if message is None:
+            raise
+        _fail(args, message)
+        return 1
+
+
+def _user_error(error):
+    """The one-line message of an error a user can cause, or None."""
+    if isinstance(error, UnicodeDecodeError):
+        return (
+            f"the input is not valid UTF-8 ({error.reason} at byte "
+            f"{error.start}); convert it to UTF-8."
+        )
+    if isinstance(error, (ValueError, FileNotFoundError, FileExistsError)):
+        return str(error)
+    if isinstance(error, OSError) and error.filename is not None:
+        # PermissionError, IsADirectoryError, a full disk, ...
+        return f"{error.filename}: {error.strerror or error}."
+    if isinstance(error, OSError) and type(error) is not OSError:
+        return str(error)
+    return None
+
+
+# Settings that keep TensorFlow's C++ logging quiet (its info lines,
+# and on a machine without a GPU the error-level "failed call to
+# cuInit"), set before anything imports TensorFlow unless the user set
+# them.
+QUIET_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "GRPC_VERBOSITY": "ERROR"}
+# Python warnings that say nothing a user of the command can act on:
+# the input pipeline is a tf.data.Dataset shuffled by the library.
+QUIET_WARNINGS = (r"`shuffle=True` was passed, but will be ignored",)
+
+
+def _quiet():
+    """Hides the messages of libraries that a user of the command cannot
+    act on (``--verbose`` keeps them)."""
+    import warnings
+
+    for name, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    for message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    if "tensorflow" not in sys.modules:
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
+
+
+class _QuietTensorFlowImport(
+    importlib.abc.MetaPathFinder, importlib.abc.Loader
+):
+    """Imports TensorFlow, whoever asks for it first, with standard error
+    pointed at the null device: the absl logging of its native libraries
+    (oneDNN, cudart, "All log messages before absl::InitializeLog()")
+    writes while they load, before TF_CPP_MIN_LOG_LEVEL applies. Then
+    turns absl's Python logger down to errors. Removes itself once
+    TensorFlow is imported."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "tensorflow":
+            return None
+        # Also asked by code that only checks that TensorFlow is there.
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        self.loader = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        import logging
+
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        module.__spec__.loader = module.__loader__ = self.loader
+        sys.stderr.flush()
+        saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 2)
+            self.loader.exec_module(module)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(null)
+        logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def _fail(args, message):
+    # One line, however the message was written.
+    message = " ".join(str(message).split())
+    print(
+        f"keras-transformer {args.command}: error: {message}", file=sys.stderr
+    )
 
 
 if __name__ == "__main__":
