@@ -165,6 +165,8 @@ class Translator:
         model: a trained `keras_transformer.Transformer`.
         tokenizer: a `keras_transformer.data.SubwordTokenizer` (or any
             object with ``tokenize``, ``detokenize`` and the special ids).
+            Sentences go through its ``encode`` where it has one, which
+            gives Python lists without TensorFlow.
         generation_config: a `GenerationConfig`; keyword arguments
             override its settings.
 
