@@ -37,6 +37,11 @@ RUN_ENTRIES = frozenset(
         ".gitattributes",
     }
 )
+# Names that only this package's runs and translators hold: a directory
+# of the other names alone (a README.md, logs/) is not taken for one.
+_CORE_ENTRIES = frozenset(
+    {RUN_FILE, "config.json", "model.weights.h5", "tokenizer", "state"}
+)
 # Files being written (`write_json`'s ``.partial``, ours) and the
 # directories of the other processes of a distributed run.
 TEMPORARY_PREFIX = ".partial-"
@@ -160,6 +165,12 @@ def check_output(path, fingerprint, overwrite=False):
     _check_writable(path)
     entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
     others = [name for name in entries if not _is_run_entry(name)]
+    if not _CORE_ENTRIES & set(entries):
+        others = [
+            name
+            for name in entries
+            if not (_is_temporary(name) or _WORKER.fullmatch(name))
+        ]
     if others:
         raise ValueError(
             f"output={path!r} holds files that are not a keras_transformer "
@@ -181,7 +192,7 @@ def check_output(path, fingerprint, overwrite=False):
     if old is None:
         raise ValueError(
             f"output={path!r} holds a saved translator or a run without "
-            f"recorded settings ({_names(entries)}); pass overwrite=True "
+            f"recorded settings ({_names(significant)}); pass overwrite=True "
             "(--overwrite) to replace it, or another output (--output)."
         )
     differences = _differences(old, fingerprint)

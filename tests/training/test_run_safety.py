@@ -199,6 +199,12 @@ def test_overwrite_never_replaces_a_directory_with_other_files(
     with pytest.raises(ValueError, match="notes.txt"):
         train(data_dir, other)
     assert sorted(os.listdir(other)) == ["notes.txt"]
+    # A README.md alone (a name translators share with other projects)
+    # does not make a directory a run.
+    (other / "notes.txt").rename(other / "README.md")
+    with pytest.raises(ValueError, match=r"not a keras_transformer run \(R"):
+        train(data_dir, other, overwrite=True)
+    assert (other / "README.md").read_text() == "mine"
 
 
 # --- 2. a run that fails leaves the output as it found it
