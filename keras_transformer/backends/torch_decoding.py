@@ -26,6 +26,7 @@ normalizations, options it does not know) gets None, and its search runs
 `Transformer.decode`.
 """
 
+import inspect
 import math
 
 import keras
@@ -263,7 +264,7 @@ def decoder_step_weights(layer):
     sublayers = [self_attention, cross_attention, feed_forward, intermediate]
     sublayers += [feed_forward.output_dense, *projections, *norms]
     if not (
-        layer.get_config().keys() <= _DECODER_CONFIG
+        _options(layer) <= _DECODER_CONFIG
         and all(
             _plain(sublayer)
             and sublayer.compute_dtype == "float32"
@@ -408,3 +409,18 @@ def _dot_product_attention(query, key, value, mask=None, scale=None):
         query, key, value, attn_mask=mask, scale=scale
     )
     return output.transpose(1, 2)
+
+
+def _options(layer):
+    """The names of ``layer``'s config, read from its constructor's
+    signature: `get_config` serializes the dtype policy through Keras,
+    which imports TensorFlow wherever it is installed."""
+    parameters = inspect.signature(type(layer).__init__).parameters
+    names = {
+        name
+        for name, parameter in parameters.items()
+        if name != "self"
+        and parameter.kind
+        not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    }
+    return names | {"name", "trainable", "dtype"}
