@@ -92,3 +92,68 @@ def test_command_under_another_backend(translator, saved_translator):
     assert process.returncode == 0, process.stderr
     expected = translator.translate(SENTENCES[:3], beam_size=2)
     assert process.stdout.split("\n")[:-1] == expected
+
+
+def test_undecodable_standard_input_names_line_and_byte(
+    saved_translator, monkeypatch, capsys
+):
+    data = b"a dog\n" + "caf\xe9 au lait\n".encode("latin-1")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    status = cli.main(["translate", "--model", str(saved_translator)])
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "keras-transformer translate: error: --input (standard input): "
+        "line 2 is not valid UTF-8 (invalid continuation byte at byte 4 of "
+        "the line); convert the file to UTF-8, e.g. iconv -f latin1 -t "
+        "utf-8."
+    ]
+
+
+def test_plot_attention_rows_are_the_generated_tokens(
+    translator, saved_translator, tmp_path, capsys
+):
+    """One heatmap row per generated token and the end token (at most
+    the model's max_sequence_length): the translation's ids, not its
+    text tokenized again."""
+    source = tmp_path / "source.txt"
+    lines = [SENTENCES[4], "", SENTENCES[0]]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    status = cli.main(
+        [
+            "translate",
+            "--model",
+            str(saved_translator),
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "out.txt"),
+            "--plot-attention",
+            str(tmp_path / "attention.png"),
+        ]
+    )
+    assert status == 0
+    err = capsys.readouterr().err.splitlines()
+    rows = translator.translate_with_scores([lines[0], lines[2]], verbose=False)
+    limit = translator.model.max_sequence_length
+    expected = []
+    for line, (best,) in zip((1, 3), rows, strict=True):
+        target = min(len(best.token_ids) + 1, limit)
+        source_tokens = len(translator.tokenizer.encode(lines[line - 1])) + 1
+        expected.append(
+            f"Attention of line {line}: {tmp_path}/attention-{line}.png "
+            f"({target} target by {source_tokens} source tokens)"
+        )
+        assert (tmp_path / f"attention-{line}.png").stat().st_size > 0
+    assert err == expected
+    # The rows are the generated ids' pieces; the old ones came from the
+    # written text tokenized again, another sequence.
+    tokenizer = translator.tokenizer
+    ((line, sentence, written),) = cli._chunk_attention(
+        translator, 0, [lines[0]], rows[:1]
+    )
+    ids = list(rows[0][0].token_ids)
+    assert (line, written) == (0, rows[0][0].text)
+    pieces = tokenizer.id_to_token([tokenizer.start_id, *ids])[:limit]
+    assert sentence.target_tokens == [str(p) for p in pieces]
+    assert len(sentence.cross_attention[0, 0]) == min(len(ids) + 1, limit)
+    assert tokenizer.encode(rows[0][0].text) != ids
