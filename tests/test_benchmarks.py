@@ -260,3 +260,22 @@ def test_before_after_smoke_times_both_versions():
     assert report["after_over_before"] == pytest.approx(
         report["after_step_s"] / report["before_step_s"]
     )
+
+
+def test_cli_startup_smoke(tmp_path):
+    from benchmarks import cli_startup
+
+    path = tmp_path / "startup.json"
+    report = cli_startup.main(["--runs", "1", "--output", str(path)])
+    assert json.loads(path.read_text()) == report
+    # The command's help and version import no framework; the parser's
+    # old import of the recipes did.
+    assert report["frameworks_imported"] == {
+        "help": [],
+        "translate_help": [],
+        "version": [],
+    }
+    medians = report["median_seconds"]
+    assert set(medians) >= {"help", "version", "before_import_recipes"}
+    assert all(value > 0 for value in medians.values())
+    assert "cpu_count" in report["machine"]
