@@ -4,13 +4,12 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import importlib.abc
-import importlib.util
 import itertools
 import os
 import sys
 import time
 
+from keras_transformer._import_hooks import ImportHook
 from keras_transformer._recipe_names import RECIPE_NAMES
 from keras_transformer.version import __version__
 
@@ -1178,55 +1177,37 @@ def _quiet():
     for message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     if "tensorflow" not in sys.modules:
-        sys.meta_path.insert(0, _QuietTensorFlowImport())
+        _QUIET_TENSORFLOW.remove()
+        _QUIET_TENSORFLOW.install()
 
 
-class _QuietTensorFlowImport(
-    importlib.abc.MetaPathFinder, importlib.abc.Loader
-):
-    """Imports TensorFlow, whoever asks for it first, with standard error
-    pointed at the null device: the absl logging of its native libraries
-    (oneDNN, cudart, "All log messages before absl::InitializeLog()")
-    writes while they load, before TF_CPP_MIN_LOG_LEVEL applies. Then
-    turns absl's Python logger down to errors. Removes itself once
-    TensorFlow is imported."""
+@contextlib.contextmanager
+def _stderr_to_null(name):
+    """Points file descriptor 2 at the null device while TensorFlow is
+    imported: the absl logging of its native libraries (oneDNN, cudart,
+    "All log messages before absl::InitializeLog()") writes while they
+    load, before TF_CPP_MIN_LOG_LEVEL applies. Then turns absl's Python
+    logger down to errors."""
+    import logging
 
-    def find_spec(self, fullname, path, target=None):
-        if fullname != "tensorflow":
-            return None
-        # Also asked by code that only checks that TensorFlow is there.
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        self.loader = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        import logging
-
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        module.__spec__.loader = module.__loader__ = self.loader
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
         sys.stderr.flush()
-        saved = os.dup(2)
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, 2)
-            self.loader.exec_module(module)
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(null)
-        logging.getLogger("absl").setLevel(logging.ERROR)
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+    _QUIET_TENSORFLOW.remove()
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+_QUIET_TENSORFLOW = ImportHook(
+    lambda name: name == "tensorflow", _stderr_to_null
+)
 
 
 def _fail(args, message):
