@@ -232,6 +232,10 @@ TINY = {
     "intermediate_dim": 64,
 }
 NOISE = ("tensorflow", "absl", "onednn", "cuda", "cuinit", "cudart")
+# Logged by the copy of sentencepiece inside tensorflow-text when the
+# tokenizer's TensorFlow op is made (an identity normalization has no
+# character map), in a tf.data thread: out of the command's reach.
+TENSORFLOW_TEXT_LINE = "normalizer.cc(51) LOG(INFO) precompiled_charsmap"
 
 
 @pytest.fixture(scope="module")
@@ -329,7 +333,12 @@ def test_ctrl_c_during_train_is_one_line_and_exit_130(small_multi30k, tmp_path):
         _, err = process.communicate(timeout=600)
     finally:
         process.kill()
-    lines = [line for line in err.decode().splitlines() if line.strip()]
+    lines = [
+        line
+        for line in err.decode().splitlines()
+        if line.strip() and not line.startswith(TENSORFLOW_TEXT_LINE)
+    ]
     assert process.returncode == 130, lines[-20:]
     assert len(lines) == 1, lines[-20:]
     assert lines[0].startswith("keras-transformer train: error: ")
+    assert "resume" in lines[0]
