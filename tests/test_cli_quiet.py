@@ -107,6 +107,30 @@ def test_a_saved_model_loads_after_a_lazy_import(first_import, tmp_path):
     assert result.stdout.strip() == "Transformer 16", result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("verbose", [False, True])
+def test_quiet_settings_unless_verbose(verbose):
+    """Without --verbose the command sets TensorFlow's log level (unless
+    the user did) and hides Keras's shuffle warning, before any import."""
+    flags = ["--verbose"] if verbose else []
+    code = (
+        "import os, sys, warnings\n"
+        "from keras_transformer import cli\n"
+        f"status = cli.main({flags!r} + ['score', '--model', 'm', "
+        "'--source', 'missing.txt', '--target', 'missing.txt'])\n"
+        "shuffle = any('shuffle=True' in str(f[1]) for f in warnings.filters)\n"
+        "print(status, os.environ.get('TF_CPP_MIN_LOG_LEVEL'), shuffle)\n"
+    )
+    env = dict(os.environ)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    result = _python(code, env=env)
+    expected = "1 None False" if verbose else "1 3 True"
+    assert result.stdout.strip() == expected, result.stderr[-2000:]
+    # A level the user set stays.
+    env["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    result = _python(code, env=env)
+    assert result.stdout.split()[:2] == ["1", "1"], result.stderr[-2000:]
+
+
 def test_search_flags_default_to_the_saved_settings(capsys):
     parser = cli.build_parser()
     args = parser.parse_args(["translate", "--model", "m"])
