@@ -81,6 +81,12 @@ def _add_train(commands):
     parser.add_argument(
         "--output", default=None, help="run directory (default runs/RECIPE)"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run or translator in --output (which is otherwise "
+        "resumed only by a run of the same recipe and settings)",
+    )
     parser.add_argument("--max-minutes", type=float, default=None)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -181,6 +187,7 @@ def _train(args):
         args.recipe,
         data_dir=args.data_dir,
         output=args.output,
+        overwrite=args.overwrite,
         max_minutes=args.max_minutes,
         max_steps=max_steps,
         seed=args.seed,

@@ -183,6 +183,25 @@ def test_a_saved_translator_is_refused_or_overwritten(
     ] == (700)
 
 
+def test_train_command_refuses_then_overwrites_with_the_flag(
+    finished_run, data_dir, tmp_path, capsys
+):
+    run = shutil.copytree(finished_run, tmp_path / "run")
+    before = snapshot(run)
+    settings = [
+        argument
+        for key, value in {**SMALL, "vocabulary_size": 700}.items()
+        for argument in ("--set", f"{key}={json.dumps(value)}")
+    ]
+    assert cli_train(data_dir, run, *settings) == 1
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "--overwrite" in error
+    assert "vocabulary_size" in error
+    assert snapshot(run) == before
+    assert cli_train(data_dir, run, *settings, "--overwrite") == 0
+    assert read_json(run / RUN_FILE)["settings"]["vocabulary_size"] == 700
+
+
 def test_overwrite_never_replaces_a_directory_with_other_files(
     finished_run, data_dir, tmp_path
 ):
