@@ -50,10 +50,34 @@ class _Registration:
             importlib.import_module(name)
 
 
+class _KerasHubRegistration:
+    """KerasHub's `from_preset` finds this package's task, backbone,
+    preprocessor and tokenizer among the registered classes: they are
+    imported (`keras_transformer.kerashub`) as soon as `keras_hub` is."""
+
+    def __init__(self):
+        self.hook = ImportHook(lambda name: name == "keras_hub", self.after)
+
+    @contextlib.contextmanager
+    def after(self, name):
+        yield
+        self.register()
+
+    def register(self):
+        self.hook.remove()
+        importlib.import_module("keras_transformer.kerashub")
+
+
 def install():
-    """Registers now if Keras is already imported, else once it is."""
+    """Registers now if Keras (KerasHub) is already imported, else once
+    it is."""
     registration = _Registration()
     if "keras" in sys.modules:
         registration.register()
     else:
         registration.hook.install()
+    kerashub = _KerasHubRegistration()
+    if "keras_hub" in sys.modules:
+        kerashub.register()
+    else:
+        kerashub.hook.install()

@@ -201,3 +201,32 @@ def test_bad_text_pairs_are_refused_in_one_line(subword_tokenizer, x, message):
     with pytest.raises(ValueError, match=message) as error:
         task.fit(x=x, batch_size=2, epochs=1, verbose=0)
     assert "\n" not in str(error.value)
+
+
+def test_from_preset_after_importing_the_package(subword_tokenizer, tmp_path):
+    """In a fresh process, ``import keras_transformer`` then KerasHub's
+    loader: the classes are registered when keras_hub is imported."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    _task(subword_tokenizer).save_to_preset(str(tmp_path))
+    code = (
+        "import keras_transformer, keras_hub\n"
+        f"task = keras_hub.models.Seq2SeqLM.from_preset({str(tmp_path)!r})\n"
+        "print(type(task).__module__, type(task).__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == [
+        "keras_transformer.kerashub.seq2seq_lm",
+        "TransformerSeq2SeqLM",
+    ]
