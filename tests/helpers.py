@@ -1,5 +1,7 @@
 """Shared test helpers."""
 
+import json
+
 import numpy as np
 from keras import ops
 
@@ -46,3 +48,13 @@ def random_batch(rng, batch=3, source_length=9, target_length=6, vocab=53):
 
 def to_numpy(x):
     return ops.convert_to_numpy(x)
+
+
+def set_arguments(settings):
+    """``--set KEY=VALUE`` arguments of `keras-transformer train` for a
+    dict of recipe settings (values as JSON)."""
+    return [
+        argument
+        for key, value in settings.items()
+        for argument in ("--set", f"{key}={json.dumps(value)}")
+    ]

@@ -3,7 +3,6 @@
 has no progress-bar codes and no TensorFlow or CUDA lines, and errors a
 user can cause (bad paths, Ctrl-C) print one line."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 
 from keras_transformer import cli
 from tests.conftest import MULTI30K, REPO_ROOT
+from tests.helpers import set_arguments
 
 FRAMEWORKS = ("keras", "tensorflow", "jax", "torch")
 
@@ -301,9 +301,8 @@ def _train_argv(data_dir, output, max_steps):
         str(max_steps),
         "--test-limit",
         "4",
+        *set_arguments(settings),
     ]
-    for key, value in settings.items():
-        argv += ["--set", f"{key}={json.dumps(value)}"]
     return argv
 
 

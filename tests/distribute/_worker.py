@@ -228,6 +228,7 @@ def run_jax_recipe(output):
     from keras_transformer import cli
     from keras_transformer.distribute import get_distribution
     from tests.conftest import MULTI30K
+    from tests.helpers import set_arguments
 
     model = {
         "num_encoder_layers": 1,
@@ -261,11 +262,7 @@ def run_jax_recipe(output):
             "--quiet",
             "--distribute",
             "model",
-            *[
-                a
-                for k, v in settings.items()
-                for a in ("--set", f"{k}={json.dumps(v)}")
-            ],
+            *set_arguments(settings),
         ]
     )
     distribution = keras.distribution.distribution()

@@ -3,7 +3,6 @@ command of each engine against one process with the same global
 batches."""
 
 import csv
-import json
 import os
 import socket
 import subprocess
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import MULTI30K, REPO_ROOT
+from tests.helpers import set_arguments
 
 BACKEND = keras.backend.backend()
 TIMEOUT = 900
@@ -43,11 +43,6 @@ SETTINGS = {
 
 
 def _train_command(output):
-    settings = [
-        argument
-        for key, value in SETTINGS.items()
-        for argument in ("--set", f"{key}={json.dumps(value)}")
-    ]
     return [
         sys.executable,
         "-m",
@@ -65,7 +60,7 @@ def _train_command(output):
         "--quiet",
         "--distribute",
         "data",
-        *settings,
+        *set_arguments(SETTINGS),
     ]
 
 

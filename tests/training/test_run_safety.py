@@ -19,6 +19,7 @@ from keras_transformer import cli, training
 from keras_transformer.generation import Translator
 from keras_transformer.training.run_directory import RUN_FILE, check_output
 from tests.conftest import MISSING_DATA_REASON, MULTI30K
+from tests.helpers import set_arguments
 from tests.training.test_recipes import TINY
 
 RECIPE = "multi30k_en_de"
@@ -188,11 +189,7 @@ def test_train_command_refuses_then_overwrites_with_the_flag(
 ):
     run = shutil.copytree(finished_run, tmp_path / "run")
     before = snapshot(run)
-    settings = [
-        argument
-        for key, value in {**SMALL, "vocabulary_size": 700}.items()
-        for argument in ("--set", f"{key}={json.dumps(value)}")
-    ]
+    settings = set_arguments({**SMALL, "vocabulary_size": 700})
     assert cli_train(data_dir, run, *settings) == 1
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "--overwrite" in error
