@@ -26,6 +26,12 @@ RUN_ENTRIES = frozenset(
         "model.weights.h5",
         "model.safetensors",
         "tokenizer",
+        # KerasHub's preset layout, which a saved translator follows.
+        "metadata.json",
+        "task.json",
+        "preprocessor.json",
+        "tokenizer.json",
+        "assets",
         "checkpoints",
         "state",
         "logs",
