@@ -4,7 +4,7 @@ generate with this package's cached search."""
 import keras
 import keras_hub
 
-from keras_transformer.data.text_pairs import text_pair_dataset
+from keras_transformer.data import text_pairs
 from keras_transformer.generation.translator import GenerationConfig, Translator
 from keras_transformer.kerashub.backbone import TransformerBackbone
 from keras_transformer.kerashub.preprocessor import (
@@ -12,8 +12,6 @@ from keras_transformer.kerashub.preprocessor import (
 )
 from keras_transformer.training.losses import LabelSmoothedCrossEntropy
 from keras_transformer.training.schedule import transformer_optimizer
-
-TEXT_KEYS = ("encoder_text", "decoder_text")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -93,25 +91,93 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         self.sampler = _sampler_settings(sampler)
         self.generate_function = None
 
-    def fit(self, x=None, y=None, batch_size=None, shuffle=True, **kwargs):
-        """`keras.Model.fit`; ``x`` may be a dict of raw string lists,
-        ``{"encoder_text": [...], "decoder_text": [...]}``, checked before
-        any work and reshuffled every epoch (``shuffle``) like arrays."""
+    def fit(self, x=None, y=None, batch_size=None, *, max_tokens=None, **kw):
+        """`keras.Model.fit`, on raw text too.
+
+        ``x`` may be ``{"encoder_text": [...], "decoder_text": [...]}``
+        (lists of str, checked before any work and reshuffled every epoch,
+        like arrays) or a `tf.data.Dataset` of such dicts.
+
+        Args:
+            max_tokens: batch raw text by length, within this many tokens
+                per batch and side (section 5.1: about 25,000), instead
+                of ``batch_size`` pairs per batch; ``x`` may then also be
+                an unbatched dataset. Raw-text ``validation_data`` is
+                batched the same way. See
+                `keras_transformer.data.text_pairs.token_budget_dataset`.
+            **kw: the other arguments of `keras.Model.fit`.
+        """
+        if max_tokens is not None:
+            kw = self._token_budget_arguments(x, y, batch_size, max_tokens, kw)
+            return super().fit(**kw)
         if isinstance(x, dict) and self.preprocessor is not None:
-            check_text_pairs(x)
-            if y is None and kwargs.get("sample_weight") is None:
-                x = text_pair_dataset(
-                    {key: _as_list(x[key]) for key in TEXT_KEYS},
+            text_pairs.check_text_pairs(x)
+            if y is None and kw.get("sample_weight") is None:
+                x = text_pairs.text_pair_dataset(
+                    {k: text_pairs.as_list(x[k]) for k in text_pairs.TEXT_KEYS},
                     batch_size or 32,
-                    shuffle=shuffle,
+                    shuffle=kw.get("shuffle", True),
                 )
                 batch_size = None
                 # Shuffled above; Keras warns that it cannot shuffle a
                 # dataset.
-                shuffle = False
-        return super().fit(
-            x=x, y=y, batch_size=batch_size, shuffle=shuffle, **kwargs
+                kw["shuffle"] = False
+        return super().fit(x=x, y=y, batch_size=batch_size, **kw)
+
+    def _token_budget_arguments(self, x, y, batch_size, max_tokens, kw):
+        """`fit`'s arguments with raw text batched by a token budget;
+        every argument is checked before any text is read."""
+        if batch_size is not None:
+            raise ValueError(
+                f"fit got batch_size={batch_size} and max_tokens={max_tokens};"
+                " give one: pairs per batch, or tokens per batch by length."
+            )
+        text_pairs.check_max_tokens(max_tokens)
+        if self.preprocessor is None:
+            raise ValueError(
+                f"max_tokens={max_tokens} batches raw text, but this task has "
+                "no preprocessor; give one, or batch token ids yourself."
+            )
+        if y is not None or kw.get("sample_weight") is not None:
+            raise ValueError(
+                "fit with max_tokens takes raw text alone (the preprocessor "
+                "makes the labels and weights); give no y or sample_weight."
+            )
+        validation = kw.get("validation_data")
+        validation_is_text = text_pairs.is_text(validation)
+        _check_text(x, "x")
+        if validation_is_text:
+            _check_text(validation, "validation_data")
+        split = kw.pop("validation_split", None)
+        if split and not isinstance(x, dict):
+            raise ValueError(
+                f"validation_split={split} splits arrays, not a dataset; "
+                "give validation_data instead."
+            )
+        pairs = _read_text(x, "x")
+        if split and validation is None:
+            pairs, validation = _split_pairs(pairs, split)
+            validation_is_text = True
+        budget = dict(preprocessor=self.preprocessor, max_tokens=max_tokens)
+        kw["x"] = text_pairs.token_budget_dataset(
+            pairs, shuffle=kw.get("shuffle", True), **budget
         )
+        # Shuffled above; Keras warns that it cannot shuffle a dataset.
+        kw["shuffle"] = False
+        if validation_is_text:
+            kw["validation_data"] = text_pairs.token_budget_dataset(
+                _read_text(validation, "validation_data"),
+                shuffle=False,
+                **budget,
+            )
+        return kw
+
+    def preprocess_samples(self, x, y=None, sample_weight=None):
+        # Batches that are already the backbone's inputs (from
+        # `token_budget_dataset` or `translation_dataset`) pass as they are.
+        if isinstance(x, dict) and "encoder_token_ids" in x:
+            return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        return super().preprocess_samples(x, y, sample_weight)
 
     def translator(self):
         """A `keras_transformer.Translator` over this task's backbone
@@ -172,32 +238,37 @@ def _sampler_settings(sampler):
     )
 
 
-def _as_list(values):
-    return [values] if isinstance(values, (str, bytes)) else list(values)
-
-
-def check_text_pairs(x):
-    """Checks ``{"encoder_text": [...], "decoder_text": [...]}`` before
-    any work: both keys, str entries, the same number of each."""
-    for key in TEXT_KEYS:
-        if key not in x:
-            raise ValueError(
-                f"x has no {key!r} key (it has {sorted(x)}); give "
-                "x={'encoder_text': sources, 'decoder_text': targets}."
-            )
-    lengths = {}
-    for key in TEXT_KEYS:
-        values = _as_list(x[key])
-        for index, value in enumerate(values):
-            if not isinstance(value, (str, bytes)):
-                raise ValueError(
-                    f"x[{key!r}][{index}] is {type(value).__name__} "
-                    f"{value!r}, not a str; give one str per sentence."
-                )
-        lengths[key] = len(values)
-    if lengths["encoder_text"] != lengths["decoder_text"]:
+def _check_text(x, name):
+    """Checks raw text for token-budget batching before it is read."""
+    if isinstance(x, dict):
+        text_pairs.check_text_pairs(x, name)
+    elif hasattr(x, "element_spec"):
+        text_pairs.check_text_dataset(x, name)
+    else:
         raise ValueError(
-            f"x['encoder_text'] has {lengths['encoder_text']} sentences "
-            f"and x['decoder_text'] {lengths['decoder_text']}; give one "
-            "target per source."
+            f"{name} is {type(x).__name__}; max_tokens batches raw text: give "
+            f"{name}={{'encoder_text': [...], 'decoder_text': [...]}} or a "
+            "tf.data.Dataset of such dicts."
         )
+
+
+def _read_text(x, name):
+    if isinstance(x, dict):
+        return {key: text_pairs.as_list(x[key]) for key in text_pairs.TEXT_KEYS}
+    return text_pairs.read_text_dataset(x, name)
+
+
+def _split_pairs(pairs, split):
+    """Keras's ``validation_split``: the last fraction of the pairs,
+    before any shuffling, is the validation set."""
+    if not 0 < split < 1:
+        raise ValueError(
+            f"validation_split={split} must be between 0 and 1 (a fraction "
+            "of the pairs)."
+        )
+    count = len(pairs["encoder_text"])
+    cut = count - int(count * split)
+    return (
+        {key: values[:cut] for key, values in pairs.items()},
+        {key: values[cut:] for key, values in pairs.items()},
+    )

@@ -1,13 +1,17 @@
 """The KerasHub task on raw Multi30k text: presets, fit, generate."""
 
+import collections
 import json
 
 import keras
 import keras_hub
 import numpy as np
 import pytest
+import tensorflow as tf
+from keras import ops
 
 import keras_transformer as kt
+from keras_transformer.data.text_pairs import token_budget_dataset
 from keras_transformer.kerashub import (
     TransformerBackbone,
     TransformerSeq2SeqLM,
@@ -230,3 +234,147 @@ def test_from_preset_after_importing_the_package(subword_tokenizer, tmp_path):
         "keras_transformer.kerashub.seq2seq_lm",
         "TransformerSeq2SeqLM",
     ]
+
+
+def _text(pairs, count=300, split="train"):
+    sources, targets = pairs[split]
+    return {"encoder_text": sources[:count], "decoder_text": targets[:count]}
+
+
+def _rows(x, labels, weights):
+    """The real tokens of each non-empty row: encoder ids, decoder ids,
+    labels."""
+    x = {key: np.asarray(value) for key, value in x.items()}
+    labels, weights = np.asarray(labels), np.asarray(weights).astype(bool)
+    return [
+        (
+            tuple(x["encoder_token_ids"][i][x["encoder_padding_mask"][i]]),
+            tuple(x["decoder_token_ids"][i][x["decoder_padding_mask"][i]]),
+            tuple(labels[i][weights[i]]),
+        )
+        for i in range(len(labels))
+        if x["encoder_padding_mask"][i].any()
+    ]
+
+
+def test_token_budget_batches_hold_every_pair_once(pairs, subword_tokenizer):
+    task = _task(subword_tokenizer)
+    text = _text(pairs)
+    # What the preprocessor gives the pairs when it batches them by count.
+    expected = collections.Counter(_rows(*task.preprocessor(text)))
+    dataset = token_budget_dataset(
+        text, task.preprocessor, max_tokens=512, seed=0
+    )
+    epochs = []
+    for _ in range(2):
+        rows, batches = [], 0
+        for x, labels, weights in dataset.as_numpy_iterator():
+            batches += 1
+            for side in ("encoder", "decoder"):
+                # Padded positions, so real tokens too, within the budget.
+                assert x[f"{side}_padding_mask"].size <= 512
+            rows += _rows(x, labels, weights)
+        # 300 pairs of up to 48 tokens a side: 24 batches of 10 to 18.
+        assert batches == dataset.planner.num_batches == 24
+        assert collections.Counter(rows) == expected
+        epochs.append(rows)
+    assert epochs[0] != epochs[1], "the second epoch is reshuffled"
+
+
+class LabelTokens(keras.metrics.Metric):
+    """Real label tokens (the sum of the sample weights) over an epoch,
+    or the most in one batch."""
+
+    def __init__(self, reduce="sum", **kwargs):
+        super().__init__(name=f"label_tokens_{reduce}", **kwargs)
+        self.reduce = reduce
+        self.value = self.add_variable((), "zeros", name="value")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        tokens = ops.sum(ops.cast(sample_weight, "float32"))
+        if self.reduce == "sum":
+            self.value.assign_add(tokens)
+        else:
+            self.value.assign(ops.maximum(self.value, tokens))
+
+    def result(self):
+        return ops.convert_to_tensor(self.value)
+
+    def reset_state(self):
+        self.value.assign(0.0)
+
+
+def _label_tokens(preprocessor, text):
+    return float(np.asarray(preprocessor(text)[2]).sum())
+
+
+def test_fit_batches_raw_text_by_a_token_budget(pairs, subword_tokenizer):
+    task = _task(subword_tokenizer)
+    task.compile(weighted_metrics=[LabelTokens("sum"), LabelTokens("max")])
+    text, valid = _text(pairs, 100), _text(pairs, 40, "valid")
+    # One shape (few programs to compile): 85 pairs and a short batch
+    # padded with empty rows.
+    planner = token_budget_dataset(text, task.preprocessor, 4096).planner
+    assert planner.num_batches == 2
+    dataset = tf.data.Dataset.from_tensor_slices(text)
+    steps = keras.callbacks.LambdaCallback()
+    steps.on_train_batch_end = lambda batch, logs: steps.count.append(batch)
+    for x, extra in (
+        (text, {"validation_data": valid}),
+        (dataset, {}),
+        (dataset.batch(7), {}),
+    ):
+        steps.count = []
+        history = task.fit(
+            x, max_tokens=4096, epochs=1, verbose=0, callbacks=[steps], **extra
+        ).history
+        # Every pair once: all label tokens of the 100 pairs, in 2 batches
+        # of at most 4096 tokens.
+        assert history["label_tokens_sum"] == [
+            _label_tokens(task.preprocessor, text)
+        ]
+        assert history["label_tokens_max"][0] <= 4096
+        assert len(steps.count) == 2
+        if extra:
+            assert history["val_label_tokens_sum"] == [
+                _label_tokens(task.preprocessor, valid)
+            ]
+            assert np.isfinite(history["val_loss"][0])
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(batch_size=32, max_tokens=1024), "batch_size=32 and max_tokens"),
+        (dict(max_tokens=0), "max_tokens=0 must be a positive int"),
+        (dict(max_tokens=3), "max_tokens=3 cannot hold the longest pair"),
+        (dict(max_tokens=64, y=[1]), "give no y or sample_weight"),
+        (
+            dict(max_tokens=64, x=np.zeros((2, 3))),
+            "x is ndarray; max_tokens batches raw text",
+        ),
+        (
+            dict(
+                max_tokens=64,
+                x=tf.data.Dataset.from_tensors(
+                    {"encoder_text": "a", "decoder_text": "b"}
+                ).repeat(),
+            ),
+            "x is an endless",
+        ),
+        (
+            dict(max_tokens=64, validation_data={"encoder_text": ["a"]}),
+            "validation_data has no 'decoder_text' key",
+        ),
+    ],
+)
+def test_bad_token_budgets_are_refused_in_one_line(
+    subword_tokenizer, arguments, message
+):
+    task = _task(subword_tokenizer)
+    x = {"encoder_text": ["A man.", "Two dogs."]}
+    x["decoder_text"] = ["Ein Mann.", "Zwei Hunde."]
+    arguments = {"x": x, **arguments}
+    with pytest.raises(ValueError, match=message) as error:
+        task.fit(epochs=1, verbose=0, **arguments)
+    assert "\n" not in str(error.value)
