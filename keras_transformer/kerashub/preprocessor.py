@@ -3,7 +3,10 @@
 import keras
 import keras_hub
 
-from keras_transformer.kerashub.backbone import TransformerBackbone
+from keras_transformer.kerashub.backbone import (
+    TransformerBackbone,
+    check_preset_architecture,
+)
 from keras_transformer.kerashub.tokenizer import TransformerTokenizer
 
 
@@ -40,6 +43,23 @@ class TransformerSeq2SeqLMPreprocessor(keras_hub.models.Seq2SeqLMPreprocessor):
             decoder_sequence_length=decoder_sequence_length,
             **kwargs,
         )
+
+    def get_config(self):
+        # KerasHub's base class does not save the sequence lengths: a
+        # preset would load with its defaults.
+        config = super().get_config()
+        config["encoder_sequence_length"] = self.encoder_sequence_length
+        config["decoder_sequence_length"] = self.decoder_sequence_length
+        return config
+
+    @classmethod
+    def from_preset(cls, preset, **kwargs):
+        """`keras_hub.models.Seq2SeqLMPreprocessor.from_preset`, refusing
+        in one line a preset of another architecture."""
+        check_preset_architecture(
+            preset, cls, "keras_hub.models.Seq2SeqLMPreprocessor"
+        )
+        return super().from_preset(preset, **kwargs)
 
     def build(self, input_shape):
         super().build(input_shape)

@@ -6,7 +6,10 @@ import keras_hub
 
 from keras_transformer.data import text_pairs
 from keras_transformer.generation.translator import GenerationConfig, Translator
-from keras_transformer.kerashub.backbone import TransformerBackbone
+from keras_transformer.kerashub.backbone import (
+    TransformerBackbone,
+    check_preset_architecture,
+)
 from keras_transformer.kerashub.preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
 )
@@ -53,6 +56,14 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         self.generation_config = generation_config or GenerationConfig()
         inputs = backbone.input
         super().__init__(inputs=inputs, outputs=backbone(inputs), **kwargs)
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """`keras_hub.models.Seq2SeqLM.from_preset`, refusing in one line
+        a preset of another architecture, e.g. a `BartSeq2SeqLM`'s, which
+        ``keras_hub.models.Seq2SeqLM.from_preset`` loads instead."""
+        check_preset_architecture(preset, cls, "keras_hub.models.Seq2SeqLM")
+        return super().from_preset(preset, load_weights, **kwargs)
 
     def compile(
         self,

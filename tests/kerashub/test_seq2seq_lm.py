@@ -378,3 +378,137 @@ def test_bad_token_budgets_are_refused_in_one_line(
     with pytest.raises(ValueError, match=message) as error:
         task.fit(epochs=1, verbose=0, **arguments)
     assert "\n" not in str(error.value)
+
+
+@pytest.fixture(scope="module")
+def bart_preset(tmp_path_factory):
+    """A tiny KerasHub BART task saved as a preset (another
+    architecture's), built here: no download."""
+    vocabulary = ["<s>", "<pad>", "</s>", "<mask>", "a", "b", "Ġ", "Ġa", "Ġb"]
+    tokenizer = keras_hub.models.BartTokenizer(
+        vocabulary={token: i for i, token in enumerate(vocabulary)},
+        merges=["Ġ a", "Ġ b"],
+    )
+    preprocessor = keras_hub.models.BartSeq2SeqLMPreprocessor(
+        tokenizer, encoder_sequence_length=8, decoder_sequence_length=8
+    )
+    backbone = keras_hub.models.BartBackbone(
+        vocabulary_size=len(vocabulary),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=16,
+    )
+    path = tmp_path_factory.mktemp("bart_preset")
+    keras_hub.models.BartSeq2SeqLM(backbone, preprocessor).save_to_preset(
+        str(path)
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "cls, loader",
+    [
+        (TransformerSeq2SeqLM, "Seq2SeqLM"),
+        (TransformerBackbone, "Backbone"),
+        (TransformerSeq2SeqLMPreprocessor, "Seq2SeqLMPreprocessor"),
+    ],
+)
+def test_from_preset_names_the_architecture_it_holds(bart_preset, cls, loader):
+    expected = (
+        f"{bart_preset} holds a BartBackbone preset; {cls.__name__} loads "
+        "TransformerBackbone presets (saved by keras_transformer). Load it "
+        f"with keras_hub.models.{loader}.from_preset instead."
+    )
+    with pytest.raises(ValueError) as error:
+        cls.from_preset(bart_preset)
+    assert str(error.value) == expected
+    # The advice holds: KerasHub's base class loads the BART preset.
+    loaded = getattr(keras_hub.models, loader).from_preset(bart_preset)
+    assert type(loaded).__name__ == f"Bart{loader}"
+
+
+def test_from_preset_names_the_architecture_of_a_hub_preset(
+    bart_preset, tmp_path
+):
+    """``hf://owner/name`` and ``hf://owner/name@revision``: the preset's
+    config.json is read from a local Hub server by a fresh process whose
+    huggingface_hub points at it."""
+    import os
+    import subprocess
+    import sys
+
+    from huggingface_hub import HfApi
+
+    from tests.conftest import REPO_ROOT
+    from tests.hub.hub_server import HubServer
+
+    server = HubServer(0, tokens={"hf_bart_token": "bart-owner"}).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        api = HfApi(endpoint=endpoint, token="hf_bart_token")
+        api.create_repo("bart-owner/tiny-bart")
+        api.upload_folder(
+            folder_path=bart_preset, repo_id="bart-owner/tiny-bart"
+        )
+        revision = api.model_info("bart-owner/tiny-bart").sha
+        presets = ["hf://bart-owner/tiny-bart"]
+        presets.append(f"{presets[0]}@{revision}")
+        code = (
+            "import json, keras_transformer\n"
+            "from keras_transformer.kerashub import TransformerSeq2SeqLM\n"
+            "errors = []\n"
+            f"for preset in {presets!r}:\n"
+            "    try:\n"
+            "        TransformerSeq2SeqLM.from_preset(preset)\n"
+            "    except ValueError as error:\n"
+            "        errors.append(str(error))\n"
+            "print(json.dumps(errors))\n"
+        )
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("HF_TOKEN", "HF_HUB_OFFLINE")
+        }
+        env.update(
+            HF_ENDPOINT=endpoint,
+            HF_HOME=str(tmp_path / "hf-home"),
+            HF_HUB_DISABLE_XET="1",
+            PYTHONPATH=str(REPO_ROOT),
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors == [
+        f"{preset} holds a BartBackbone preset; TransformerSeq2SeqLM loads "
+        "TransformerBackbone presets (saved by keras_transformer). Load it "
+        "with keras_hub.models.Seq2SeqLM.from_preset instead."
+        for preset in presets
+    ]
+
+
+def test_from_preset_still_loads_this_packages_presets(
+    subword_tokenizer, tmp_path
+):
+    task = _task(subword_tokenizer)
+    task.save_to_preset(str(tmp_path))
+    loaded = TransformerSeq2SeqLM.from_preset(str(tmp_path))
+    assert type(loaded) is TransformerSeq2SeqLM
+    backbone = TransformerBackbone.from_preset(str(tmp_path))
+    for a, b in zip(
+        task.backbone.get_weights(), backbone.get_weights(), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    # The sequence lengths are saved (KerasHub's base class saves none).
+    preprocessor = TransformerSeq2SeqLMPreprocessor.from_preset(str(tmp_path))
+    assert preprocessor.encoder_sequence_length == 48
+    assert loaded.preprocessor.decoder_sequence_length == 48
