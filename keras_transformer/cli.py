@@ -372,7 +372,7 @@ def _add_translate(commands):
             "translations early. Search settings that are not given "
             "(--beam-size, --length-penalty, --method, ...) are the "
             "translator's saved generation settings "
-            "(generation_config.json)."
+            "(task.json)."
         ),
     )
     parser.add_argument(

@@ -1,8 +1,9 @@
 """Sharing translators on the Hugging Face Hub.
 
 `push_to_hub` uploads a `Translator` in one commit: the files of
-`Translator.save` (``config.json``, ``model.weights.h5``, ``tokenizer/``,
-``generation_config.json``), a ``model.safetensors`` copy of the weights
+`Translator.save` (a KerasHub preset: ``config.json``,
+``model.weights.h5``, ``task.json``, ``metadata.json`` and the
+tokenizer's files), a ``model.safetensors`` copy of the weights
 by path (an int8 translator's as int8 kernels and their scales),
 the training record (``results.json``, when there is one), a
 ``manifest.json`` of sha256 checksums and a ``README.md`` model card.
@@ -348,10 +349,17 @@ def download(repo_id, revision="main", token=None, local_files_only=False):
 
 
 def _is_translator(directory):
+    """Whether ``directory`` holds this package's files: a translator of
+    format version 1, or a preset of its backbone."""
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
         return False
-    return "format_version" in read_json(path)
+    config = read_json(path)
+    return isinstance(config, dict) and (
+        "format_version" in config
+        or config.get("registered_name")
+        == "keras_transformer>TransformerBackbone"
+    )
 
 
 # --- pushing
@@ -509,12 +517,13 @@ def push_to_hub(
             )
             for name in names
         ]
-        # A tokenizer saved with other file names leaves no stale files.
+        # A translator saved in another layout or with another tokenizer
+        # leaves no stale files.
         remote = api.list_repo_files(repo_id, revision=revision)
         operations += [
             CommitOperationDelete(path_in_repo=name)
             for name in remote
-            if name.startswith("tokenizer/") and name not in names
+            if name not in names and _is_saved_entry(name)
         ]
         bleu = (results or {}).get("bleu")
         info = api.create_commit(
@@ -529,6 +538,25 @@ def push_to_hub(
     if tag is not None:
         api.create_tag(repo_id, tag=tag, revision=info.oid)
     return info.oid
+
+
+# The files and folders that `Translator.save` writes, in either layout.
+_SAVED_ENTRIES = (
+    "tokenizer/",
+    "assets/",
+    "generation_config.json",
+    "task.json",
+    "preprocessor.json",
+    "tokenizer.json",
+    "metadata.json",
+)
+
+
+def _is_saved_entry(name):
+    return any(
+        name.startswith(entry) if entry.endswith("/") else name == entry
+        for entry in _SAVED_ENTRIES
+    )
 
 
 # --- model card
@@ -620,7 +648,7 @@ def _card_data(settings, results, recipe, name, test_split):
     tags = ["keras", "keras-transformer", "translation", "transformer"]
     tags += [t for t in settings["tags"] if t not in tags]
     return ModelCardData(
-        library_name="keras",
+        library_name="keras-hub",
         license=settings["license"],
         license_name=settings.get("license_name"),
         license_link=settings.get("license_link"),
@@ -641,6 +669,13 @@ def _usage_section(reference, example):
         "```python\nimport keras_transformer as kt\n\n"
         f'translator = kt.Translator.from_pretrained("{reference}")\n'
         f"print(translator.translate([{example!r}]))\n"
+        "```",
+        "The files are a KerasHub preset, so KerasHub's task API loads "
+        "them too (after `import keras_transformer`, which registers the "
+        "classes):",
+        "```python\nimport keras_hub\nimport keras_transformer\n\n"
+        f'task = keras_hub.models.Seq2SeqLM.from_preset("{reference}")\n'
+        f"print(task.generate({example!r}))\n"
         "```",
         "Or from the command line: "
         f"`keras-transformer pull {reference}`, then "

@@ -58,3 +58,26 @@ def set_arguments(settings):
         for key, value in settings.items()
         for argument in ("--set", f"{key}={json.dumps(value)}")
     ]
+
+
+def save_version_1(translator, directory):
+    """Writes ``translator`` in the layout that `Translator.save` wrote
+    before it wrote KerasHub presets (format version 1), to show that such
+    directories still load."""
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    config = {
+        "format_version": 1,
+        "keras_transformer_version": "0.1.0",
+        "model_class": "Transformer",
+        "model_config": translator.model.get_config(),
+    }
+    if translator.quantization_mode is not None:
+        config["quantization"] = translator.quantization_mode
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    translator.model.save_weights(os.path.join(directory, "model.weights.h5"))
+    translator.tokenizer.save(os.path.join(directory, "tokenizer"))
+    with open(os.path.join(directory, "generation_config.json"), "w") as f:
+        json.dump(translator.generation_config.to_dict(), f)

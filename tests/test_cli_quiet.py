@@ -141,7 +141,7 @@ def test_search_flags_default_to_the_saved_settings(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "0.6" not in help_text
     assert help_text.count("default: the translator's saved generation") >= 4
-    assert "(generation_config.json)" in help_text
+    assert "(task.json)" in help_text
 
 
 def test_fit_shows_bars_on_a_terminal_only():

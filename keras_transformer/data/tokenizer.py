@@ -332,8 +332,6 @@ def load_tokenizer(directory):
                 f"directory written by tokenizer.save(directory) (files "
                 f"{MODEL_FILENAME} and {CONFIG_FILENAME})."
             )
-    with open(paths[0], "rb") as f:
-        proto = f.read()
     config = read_json(paths[1])
     if not isinstance(config, dict):
         raise ValueError(
@@ -351,14 +349,7 @@ def load_tokenizer(directory):
     saved_size = config.pop("vocabulary_size", None)
     for name in ("pad_id", "unk_id", "start_id", "end_id"):
         config.pop(name, None)
-    try:
-        tokenizer = SubwordTokenizer(proto, config=config)
-    except _NotAModelError as error:
-        raise ValueError(
-            f"{paths[0]} is not a SentencePiece model: {error.problem}; "
-            "re-save the tokenizer, or re-download or re-save the "
-            "translator that holds it."
-        ) from error
+    tokenizer = read_model_file(paths[0], config)
     if saved_size != tokenizer.vocabulary_size:
         raise ValueError(
             f"{paths[1]} says vocabulary_size={saved_size} but "
@@ -366,6 +357,21 @@ def load_tokenizer(directory):
             "files come from different tokenizers; save the tokenizer again."
         )
     return tokenizer
+
+
+def read_model_file(path, config=None):
+    """A `SubwordTokenizer` of a SentencePiece model file (``config``: its
+    metadata); a file that is not a model is named in the error."""
+    with open(path, "rb") as f:
+        proto = f.read()
+    try:
+        return SubwordTokenizer(proto, config=config)
+    except _NotAModelError as error:
+        raise ValueError(
+            f"{path} is not a SentencePiece model: {error.problem}; "
+            "re-save the tokenizer, or re-download or re-save the "
+            "translator that holds it."
+        ) from error
 
 
 def train_tokenizer(

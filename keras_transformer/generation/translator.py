@@ -12,16 +12,27 @@ import numpy as np
 from keras_transformer import hub, marian
 from keras_transformer.generation.generator import METHODS, Generator
 from keras_transformer.generation.search import check_num_return_sequences
-from keras_transformer.io_utils import read_json, write_json
+from keras_transformer.io_utils import read_json
 from keras_transformer.models import Transformer
 from keras_transformer.utils import replace_settings
 from keras_transformer.version import __version__
 
-FORMAT_VERSION = 1
+# Version 2 is KerasHub's preset layout (`keras_transformer.kerashub.
+# presets.save_translator`); version 1 directories (config.json with a
+# format_version, tokenizer/, generation_config.json) still load.
+FORMAT_VERSION = 2
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TOKENIZER_DIR = "tokenizer"
 GENERATION_CONFIG_FILE = "generation_config.json"
+METADATA_FILE = "metadata.json"
+# This package's entry in KerasHub's metadata.json.
+METADATA_KEY = "keras_transformer"
+TASK_FILE = "task.json"
+# The registered name of the backbone in a preset's config.json.
+BACKBONE_NAME = "keras_transformer>TransformerBackbone"
+# Where KerasHub's SentencePiece tokenizers keep their model file.
+VOCABULARY_ASSET = os.path.join("assets", "tokenizer", "vocabulary.spm")
 LONG_INPUTS = ("truncate", "error")
 # The weight quantizations `Translator.quantize` applies, saves and loads.
 QUANTIZATION_MODES = ("int8",)
@@ -586,13 +597,18 @@ class Translator:
     # --- saving
 
     def save(self, directory):
-        """Writes the translator to a directory, without pickle.
+        """Writes the translator to a directory, without pickle, as a
+        KerasHub preset: `from_pretrained` and
+        ``keras_hub.models.Seq2SeqLM.from_preset`` (after ``import
+        keras_transformer``) both load it, under any backend.
 
-        ``config.json`` (the model's configuration, a format version and,
-        for a quantized model, ``"quantization": "int8"``),
-        ``model.weights.h5``, ``tokenizer/`` and
-        ``generation_config.json``. `from_pretrained` reads it back under
-        any backend.
+        The files: ``config.json`` (the `TransformerBackbone`),
+        ``model.weights.h5``, ``task.json`` (with the generation
+        settings), ``metadata.json`` (with this package's format version
+        and quantization), and the tokenizer (``preprocessor.json``,
+        ``tokenizer.json`` and ``assets/tokenizer/``; a Marian tokenizer
+        in ``tokenizer/``). See
+        `keras_transformer.kerashub.presets.save_translator`.
         """
         mode = self.quantization_mode
         if mode is not None:
@@ -604,26 +620,20 @@ class Translator:
             )
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
-        # A manifest left by an earlier pull or push would describe the
-        # old files and make the next load refuse the new ones.
-        stale_manifest = os.path.join(directory, "manifest.json")
-        if os.path.exists(stale_manifest):
-            os.remove(stale_manifest)
-        config = {
-            "format_version": FORMAT_VERSION,
-            "keras_transformer_version": __version__,
-            "model_class": type(self.model).__name__,
-            "model_config": self.model.get_config(),
-        }
-        if mode is not None:
-            config["quantization"] = mode
-        write_json(os.path.join(directory, CONFIG_FILE), config)
-        self.model.save_weights(os.path.join(directory, WEIGHTS_FILE))
-        self.tokenizer.save(os.path.join(directory, TOKENIZER_DIR))
-        write_json(
-            os.path.join(directory, GENERATION_CONFIG_FILE),
-            self.generation_config.to_dict(),
-        )
+        # Files of an earlier save that this one does not rewrite: a
+        # manifest (it would describe the old files and make the next load
+        # refuse the new ones) and the version 1 generation settings (now
+        # in task.json). A training run's tokenizer/ stays: it resumes
+        # from it.
+        for name in ("manifest.json", GENERATION_CONFIG_FILE):
+            path = os.path.join(directory, name)
+            if os.path.exists(path):
+                os.remove(path)
+        # Imported here: KerasHub imports TensorFlow, which loading and
+        # translating on JAX or torch do without.
+        from keras_transformer.kerashub.presets import save_translator
+
+        save_translator(self, directory)
 
     def export(self, directory, overwrite=False):
         """Writes a TensorFlow SavedModel for serving: its
@@ -704,7 +714,116 @@ class Translator:
 
 def _load_directory(directory):
     """``(model, tokenizer, generation_config)`` of a directory written by
-    `Translator.save`."""
+    `Translator.save` (a KerasHub preset, or the layout of version 1) or
+    by ``TransformerSeq2SeqLM.save_to_preset``."""
+    config = _read_config(directory)
+    if "format_version" in config:
+        return _load_version_1(directory, config)
+    return _load_preset(directory, config)
+
+
+def _read_config(directory):
+    path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{directory!r} has no {CONFIG_FILE}; expected a translator "
+            "written by Translator.save(directory) or a KerasHub preset of "
+            "a TransformerSeq2SeqLM."
+        )
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(config).__name__}, not an object; "
+            "re-save or re-download the translator."
+        )
+    return config
+
+
+def _load_preset(directory, config):
+    """Loads KerasHub's preset layout without importing KerasHub (which
+    imports TensorFlow): the backbone's config builds a `Transformer`, the
+    same weights file loads into it."""
+    registered = config.get("registered_name") or config.get("class_name")
+    if registered != BACKBONE_NAME or not isinstance(
+        config.get("config"), dict
+    ):
+        raise ValueError(
+            f"{os.path.join(directory, CONFIG_FILE)} holds a "
+            f"{registered or 'config'} preset, not a {BACKBONE_NAME}; "
+            "Translator loads presets saved by keras_transformer "
+            "(Translator.save, TransformerSeq2SeqLM.save_to_preset)."
+        )
+    if not os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
+        raise FileNotFoundError(
+            f"{directory!r} has no {WEIGHTS_FILE}; save the translator "
+            "again with Translator.save(directory)."
+        )
+    info = _read_metadata(directory)
+    version = info.get("format_version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"{METADATA_FILE} in {directory!r} has format_version="
+            f"{version!r}; this keras-transformer ({__version__}) reads "
+            f"format_version={FORMAT_VERSION} and 1. Upgrade "
+            "keras-transformer, or save it again."
+        )
+    model = _model_with_weights(
+        directory, config["config"], info.get("quantization"), METADATA_FILE
+    )
+    task = _read_task(directory)
+    generation = _generation_config(
+        os.path.join(directory, TASK_FILE),
+        task.get("generation_config") or {},
+    )
+    return model, _preset_tokenizer(directory, task, info), generation
+
+
+def _read_metadata(directory):
+    """This package's entry of ``metadata.json`` ({} for a preset that
+    KerasHub wrote alone)."""
+    path = os.path.join(directory, METADATA_FILE)
+    metadata = read_json(path) if os.path.isfile(path) else {}
+    info = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else {}
+    return info if isinstance(info, dict) else {}
+
+
+def _read_task(directory):
+    path = os.path.join(directory, TASK_FILE)
+    if not os.path.isfile(path):
+        return {}
+    task = read_json(path)
+    config = task.get("config") if isinstance(task, dict) else None
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{path} is not a KerasHub task config (a JSON object with a "
+            "config object); re-save or re-download the translator."
+        )
+    return config
+
+
+def _preset_tokenizer(directory, task, info):
+    """The tokenizer of a preset: KerasHub's SentencePiece asset when the
+    task has a preprocessor, else the ``tokenizer/`` directory (Marian)."""
+    vocabulary = os.path.join(directory, VOCABULARY_ASSET)
+    if task.get("preprocessor") and os.path.isfile(vocabulary):
+        # Imported here: `generation` does not depend on `data` otherwise.
+        from keras_transformer.data.tokenizer import read_model_file
+
+        return read_model_file(vocabulary, info.get("tokenizer_config"))
+    if os.path.isdir(os.path.join(directory, TOKENIZER_DIR)):
+        return _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
+    raise FileNotFoundError(
+        f"{directory!r} has no tokenizer ({VOCABULARY_ASSET} with a "
+        f"preprocessor in {TASK_FILE}, or {TOKENIZER_DIR}/); save the "
+        "translator with Translator.save, or the task with its "
+        "preprocessor."
+    )
+
+
+def _load_version_1(directory, config):
+    """The layout that `Translator.save` wrote before KerasHub's:
+    ``config.json`` with a format version, ``model.weights.h5``,
+    ``tokenizer/`` and ``generation_config.json``."""
     expected = (CONFIG_FILE, WEIGHTS_FILE, GENERATION_CONFIG_FILE)
     for name in expected + (TOKENIZER_DIR,):
         if not os.path.exists(os.path.join(directory, name)):
@@ -713,21 +832,18 @@ def _load_directory(directory):
                 f"{list(expected)} and {TOKENIZER_DIR}/. Save it again "
                 "with Translator.save(directory)."
             )
-    config = read_json(os.path.join(directory, CONFIG_FILE))
-    if not isinstance(config, dict) or not isinstance(
-        config.get("model_config"), dict
-    ):
+    if not isinstance(config.get("model_config"), dict):
         raise ValueError(
             f"{os.path.join(directory, CONFIG_FILE)} is not a translator's "
             "config (a JSON object with a model_config object); re-save "
             "or re-download the translator."
         )
     version = config.get("format_version")
-    if version != FORMAT_VERSION:
+    if version != 1:
         raise ValueError(
             f"{CONFIG_FILE} in {directory!r} has format_version="
             f"{version!r}; this keras-transformer ({__version__}) reads "
-            f"format_version={FORMAT_VERSION}. Use the version that "
+            f"format_version={FORMAT_VERSION} and 1. Use the version that "
             "saved it, or save it again."
         )
     if config.get("model_class") != "Transformer":
@@ -736,40 +852,45 @@ def _load_directory(directory):
             f"{config.get('model_class')!r}, not a Transformer."
         )
     # Directories without the key hold float weights.
-    quantization = config.get("quantization")
+    model = _model_with_weights(
+        directory,
+        config["model_config"],
+        config.get("quantization"),
+        CONFIG_FILE,
+    )
+    tokenizer = _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
+    path = os.path.join(directory, GENERATION_CONFIG_FILE)
+    return model, tokenizer, _generation_config(path, read_json(path))
+
+
+def _model_with_weights(directory, model_config, quantization, source):
+    """The `Transformer` of a saved config, quantized as recorded in
+    ``source`` (None: float), with the saved weights."""
     if quantization is not None:
         check_quantization_mode(
             quantization,
-            f"{CONFIG_FILE} in {directory!r} has quantization="
+            f"{source} in {directory!r} has quantization="
             f"{quantization!r}; this keras-transformer ({__version__}) "
             f"loads {QUANTIZATION_MODES}. Upgrade keras-transformer.",
         )
-    model = _model_from_config(directory, config["model_config"])
+    try:
+        model = Transformer.from_config(model_config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"The model config in {os.path.join(directory, CONFIG_FILE)} "
+            f"does not build a Transformer: {error}; re-save or "
+            "re-download the translator."
+        ) from error
     if quantization is not None:
         # The int8 variables are made by quantizing the new float model;
         # loading then replaces their values with the saved ones.
         quantize_model(model, quantization)
     model.load_weights(os.path.join(directory, WEIGHTS_FILE))
-    tokenizer = _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
-    return model, tokenizer, _read_generation_config(directory)
+    return model
 
 
-def _model_from_config(directory, model_config):
-    """The `Transformer` of a saved ``model_config``; a config it cannot
-    build names the file."""
-    try:
-        return Transformer.from_config(model_config)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"model_config in {os.path.join(directory, CONFIG_FILE)} does "
-            f"not build a Transformer: {error}; re-save or re-download the "
-            "translator."
-        ) from error
-
-
-def _read_generation_config(directory):
-    path = os.path.join(directory, GENERATION_CONFIG_FILE)
-    settings = read_json(path)
+def _generation_config(path, settings):
+    """A `GenerationConfig` from the settings read from ``path``."""
     if not isinstance(settings, dict):
         raise ValueError(
             f"{path} holds a JSON {type(settings).__name__}, not an object "

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.helpers import tiny_model
+from tests.helpers import save_version_1, tiny_model
 
 PAD, UNK, START, END = 0, 1, 2, 3
 VOCABULARY_SIZE = 16
@@ -170,4 +170,12 @@ def translator(tokenizer):
 def saved_translator(translator, tmp_path_factory):
     directory = tmp_path_factory.mktemp("translator")
     translator.save(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def saved_version_1(translator, tmp_path_factory):
+    """The translator in the layout of format version 1."""
+    directory = tmp_path_factory.mktemp("translator-version-1")
+    save_version_1(translator, directory)
     return directory

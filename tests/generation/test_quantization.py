@@ -122,9 +122,9 @@ def test_quantize_makes_int8_kernels_and_a_new_search(quantized):
 
 def test_int8_weights_are_saved_and_loaded_as_int8(quantized):
     translator, _, _, directory = quantized
-    config = json.loads((directory / "config.json").read_text())
-    assert config["quantization"] == "int8"
-    assert config["format_version"] == 1
+    metadata = json.loads((directory / "metadata.json").read_text())
+    assert metadata["keras_transformer"]["quantization"] == "int8"
+    assert metadata["keras_transformer"]["format_version"] == 2
     kernels = _assert_int8_kernels(translator.model)
     with h5py.File(directory / "model.weights.h5", "r") as f:
         stored = []
@@ -203,10 +203,10 @@ def float_directory(trained_model, letter_tokenizer, tmp_path_factory):
 
 
 def test_float_directories_load_as_float(float_directory, quantized, tmp_path):
-    """A directory without the key (every one saved before int8) holds
-    float weights; an unknown mode in it is refused by name."""
-    config = json.loads((float_directory / "config.json").read_text())
-    assert "quantization" not in config
+    """A directory without a quantization (every one saved before int8)
+    holds float weights; an unknown mode in it is refused by name."""
+    metadata = json.loads((float_directory / "metadata.json").read_text())
+    assert metadata["keras_transformer"]["quantization"] is None
     loaded = Translator.from_pretrained(float_directory)
     assert loaded.quantization_mode is None
     assert all(w.dtype == "float32" for w in loaded.model.weights)
@@ -214,9 +214,9 @@ def test_float_directories_load_as_float(float_directory, quantized, tmp_path):
     _, _, _, directory = quantized
     broken = tmp_path / "int4"
     shutil.copytree(directory, broken)
-    config = json.loads((broken / "config.json").read_text())
-    config["quantization"] = "int4"
-    (broken / "config.json").write_text(json.dumps(config))
+    metadata = json.loads((broken / "metadata.json").read_text())
+    metadata["keras_transformer"]["quantization"] = "int4"
+    (broken / "metadata.json").write_text(json.dumps(metadata))
     with pytest.raises(ValueError, match="quantization='int4'"):
         Translator.from_pretrained(broken)
 

@@ -93,18 +93,56 @@ def test_settings_are_checked(translator):
 
 
 def test_save_and_load(translator, saved_translator):
+    # KerasHub's preset layout.
     names = sorted(os.listdir(saved_translator))
     assert names == [
+        "assets",
         "config.json",
-        "generation_config.json",
+        "metadata.json",
         "model.weights.h5",
-        "tokenizer",
+        "preprocessor.json",
+        "task.json",
+        "tokenizer.json",
     ]
+    assert os.listdir(saved_translator / "assets" / "tokenizer") == [
+        "vocabulary.spm"
+    ]
+    metadata = json.loads((saved_translator / "metadata.json").read_text())
+    assert metadata["keras_transformer"]["format_version"] == 2
+    assert metadata["keras_transformer"]["quantization"] is None
+    task = json.loads((saved_translator / "task.json").read_text())
+    assert task["config"]["generation_config"] == (
+        translator.generation_config.to_dict()
+    )
     loaded = Translator.from_pretrained(saved_translator)
     assert loaded.generation_config == translator.generation_config
+    assert loaded.tokenizer.proto == translator.tokenizer.proto
     assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
     overridden = Translator.from_pretrained(saved_translator, beam_size=2)
     assert overridden.generation_config.beam_size == 2
+
+
+def test_version_1_directories_still_load(translator, saved_version_1):
+    loaded = Translator.from_pretrained(saved_version_1)
+    assert loaded.generation_config == translator.generation_config
+    assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
+    for expected, actual in zip(
+        translator.model.get_weights(), loaded.model.get_weights(), strict=True
+    ):
+        np.testing.assert_array_equal(actual, expected)
+
+
+def test_saving_over_version_1_leaves_no_stale_settings(
+    translator, saved_version_1, tmp_path
+):
+    directory = tmp_path / "resaved"
+    shutil.copytree(saved_version_1, directory)
+    Translator(translator.model, translator.tokenizer, beam_size=3).save(
+        directory
+    )
+    assert not (directory / "generation_config.json").exists()
+    loaded = Translator.from_pretrained(directory)
+    assert loaded.generation_config.beam_size == 3
 
 
 def test_load_errors(saved_translator, tmp_path):
@@ -112,9 +150,9 @@ def test_load_errors(saved_translator, tmp_path):
         Translator.from_pretrained(tmp_path / "nothing")
     broken = tmp_path / "broken"
     shutil.copytree(saved_translator, broken)
-    config = json.loads((broken / "config.json").read_text())
-    config["format_version"] = 99
-    (broken / "config.json").write_text(json.dumps(config))
+    metadata = json.loads((broken / "metadata.json").read_text())
+    metadata["keras_transformer"]["format_version"] = 99
+    (broken / "metadata.json").write_text(json.dumps(metadata))
     with pytest.raises(ValueError, match="format_version=99"):
         Translator.from_pretrained(broken)
     (broken / "model.weights.h5").unlink()

@@ -3,6 +3,7 @@ and a damaged saved translator names the damaged file."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -95,10 +96,15 @@ def test_cli_translate_imports_no_tensorflow(
 
 @pytest.fixture
 def copy(saved_translator, tmp_path):
-    import shutil
-
     directory = tmp_path / "translator"
     shutil.copytree(saved_translator, directory)
+    return directory
+
+
+@pytest.fixture
+def copy_version_1(saved_version_1, tmp_path):
+    directory = tmp_path / "translator-version-1"
+    shutil.copytree(saved_version_1, directory)
     return directory
 
 
@@ -124,44 +130,71 @@ def test_truncated_weights_are_named(copy):
     [
         (b"\x89HDF garbage \xff\xfe", "is not valid JSON (byte 0"),
         (b'{"format_version": 1,', "is not valid JSON (line 1"),
-        (b"[1, 2]", "is not a translator's config"),
+        (b"[1, 2]", "holds a JSON list, not an object"),
         (
             b'{"format_version": 1, "model_class": "Transformer"}',
             "model_config",
         ),
     ],
 )
-def test_garbage_config_is_named(copy, content, expected):
+def test_garbage_config_is_named(copy_version_1, content, expected):
+    copy = copy_version_1
     path = copy / "config.json"
     path.write_bytes(content)
     message = _load_error(copy)
     assert str(path) in message and expected in message
 
 
-def test_config_that_builds_no_model_is_named(copy):
+@pytest.mark.parametrize("layout", ["preset", "version 1"])
+def test_config_that_builds_no_model_is_named(copy, copy_version_1, layout):
+    directory = copy if layout == "preset" else copy_version_1
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    key = "config" if layout == "preset" else "model_config"
+    config[key]["hidden_dim"] = "sixty-four"
+    path.write_text(json.dumps(config))
+    message = _load_error(directory)
+    assert message.startswith(f"The model config in {path} does not build")
+    assert "hidden_dim='sixty-four'" in message and "re-download" in message
+
+
+def test_a_preset_of_another_model_is_named(copy):
     path = copy / "config.json"
     config = json.loads(path.read_text())
-    config["model_config"]["hidden_dim"] = "sixty-four"
+    config["registered_name"] = "keras_hub>BartBackbone"
     path.write_text(json.dumps(config))
     message = _load_error(copy)
-    assert message.startswith(f"model_config in {path} does not build")
-    assert "hidden_dim='sixty-four'" in message and "re-download" in message
+    assert message.startswith(f"{path} holds a keras_hub>BartBackbone preset")
+    assert "keras_transformer>TransformerBackbone" in message
 
 
 @pytest.mark.parametrize(
     "settings, expected",
     [("[4]", "holds a JSON list"), ('{"beam_size": 0}', "beam_size=0")],
 )
-def test_garbage_generation_config_is_named(copy, settings, expected):
-    path = copy / "generation_config.json"
+def test_garbage_generation_config_is_named(
+    copy, copy_version_1, settings, expected
+):
+    path = copy_version_1 / "generation_config.json"
     path.write_text(settings)
+    message = _load_error(copy_version_1)
+    assert str(path) in message and expected in message
+    # In a preset the settings are the task's.
+    path = copy / "task.json"
+    task = json.loads(path.read_text())
+    task["config"]["generation_config"] = json.loads(settings)
+    path.write_text(json.dumps(task))
     message = _load_error(copy)
     assert str(path) in message and expected in message
 
 
-def test_garbage_tokenizer_model_is_named(copy):
-    path = copy / "tokenizer" / "tokenizer.model"
+@pytest.mark.parametrize(
+    "name", ["assets/tokenizer/vocabulary.spm", "tokenizer/tokenizer.model"]
+)
+def test_garbage_tokenizer_model_is_named(copy, copy_version_1, name):
+    directory = copy if name.startswith("assets") else copy_version_1
+    path = directory / name
     path.write_bytes(np.random.default_rng(0).bytes(64))
-    message = _load_error(copy)
+    message = _load_error(directory)
     assert message.startswith(f"{path} is not a SentencePiece model: ")
     assert "re-download or re-save the translator" in message

@@ -71,12 +71,14 @@ def test_push_is_one_commit_with_every_file(hub_server, pushed):
         "README.md",
         "config.json",
         "manifest.json",
-        "generation_config.json",
+        "metadata.json",
         "model.weights.h5",
         "model.safetensors",
+        "preprocessor.json",
         "results.json",
-        "tokenizer/tokenizer.json",
-        "tokenizer/tokenizer.model",
+        "task.json",
+        "tokenizer.json",
+        "assets/tokenizer/vocabulary.spm",
     }
     # The weights went through the git-LFS batch API, not inline.
     tree = {
@@ -172,10 +174,8 @@ def test_pushing_unchanged_files_makes_no_commit(hub_server, hub_translator):
         ("refs/pr/1", proposal)
     ]
     loaded = hub.resolve_directory(f"hf://{repo}@refs/pr/1")
-    settings = json.loads(
-        pathlib.Path(loaded, "generation_config.json").read_text()
-    )
-    assert settings["max_length"] == 4
+    task = json.loads(pathlib.Path(loaded, "task.json").read_text())
+    assert task["config"]["generation_config"]["max_length"] == 4
 
 
 def test_flipped_byte_in_the_cache_is_refused(hub_translator):
@@ -207,10 +207,10 @@ def test_file_altered_on_the_hub_is_refused(hub_translator):
     # Someone replaces the tokenizer without updating the manifest.
     HfApi(token=TOKEN).upload_file(
         path_or_fileobj=b'{"vocabulary_size": 96}\n',
-        path_in_repo="tokenizer/tokenizer.json",
+        path_in_repo="tokenizer.json",
         repo_id=repo,
     )
-    with pytest.raises(hub.ChecksumError, match="tokenizer/tokenizer.json"):
+    with pytest.raises(hub.ChecksumError, match=r"^tokenizer\.json in "):
         kt.Translator.from_pretrained(f"hf://{repo}")
 
 
@@ -281,7 +281,7 @@ def test_private_repository_needs_a_token(hub_translator):
 def test_model_card_renders_bleu_and_recipe(pushed, run_results):
     directory = hub.resolve_directory(f"hf://{REPO}@v1")
     card = ModelCard.load(os.path.join(directory, "README.md"))
-    assert card.data.library_name == "keras"
+    assert card.data.library_name == "keras-hub"
     assert card.data.language == ["en", "de"]
     assert card.data.datasets == ["bentrevett/multi30k"]
     assert "translation" in card.data.tags
@@ -359,11 +359,13 @@ def test_clear_errors(hub_translator, tmp_path):
     # manifest from a future version.
     folder = tmp_path / "broken"
     hub.save_for_hub(hub_translator, folder, f"{USER}/broken")
-    os.remove(folder / "tokenizer" / "tokenizer.json")
+    os.remove(folder / "assets" / "tokenizer" / "vocabulary.spm")
     api = HfApi(token=TOKEN)
     api.create_repo(f"{USER}/broken")
     missing = api.upload_folder(repo_id=f"{USER}/broken", folder_path=folder)
-    with pytest.raises(FileNotFoundError, match="tokenizer/tokenizer.json"):
+    with pytest.raises(
+        FileNotFoundError, match="assets/tokenizer/vocabulary.spm"
+    ):
         kt.Translator.from_pretrained(f"hf://{USER}/broken@{missing.oid}")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["format_version"] = 99

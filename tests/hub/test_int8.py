@@ -38,8 +38,8 @@ def test_int8_translator_round_trip(hub_translator):
     repo = f"{USER}/int8"
     commit = translator.push_to_hub(repo, token=TOKEN)
     directory = hub.resolve_directory(f"hf://{repo}@{commit}")
-    config = json.loads(open(os.path.join(directory, "config.json")).read())
-    assert config["quantization"] == "int8"
+    metadata = json.loads(open(os.path.join(directory, "metadata.json")).read())
+    assert metadata["keras_transformer"]["quantization"] == "int8"
     tensors = load_file(os.path.join(directory, "model.safetensors"))
     assert tensors.keys() == pushed.keys()
     for path, value in pushed.items():
