@@ -349,17 +349,16 @@ def download(repo_id, revision="main", token=None, local_files_only=False):
 
 
 def _is_translator(directory):
-    """Whether ``directory`` holds this package's files: a translator of
-    format version 1, or a preset of its backbone."""
+    """Whether ``directory`` holds a translator of format version 1, which
+    only `push_to_hub` uploaded, always with a manifest. KerasHub presets
+    (this package's included) are also uploaded by
+    ``keras_hub.upload_preset``, without one, and load as KerasHub loads
+    them."""
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
         return False
     config = read_json(path)
-    return isinstance(config, dict) and (
-        "format_version" in config
-        or config.get("registered_name")
-        == "keras_transformer>TransformerBackbone"
-    )
+    return isinstance(config, dict) and "format_version" in config
 
 
 # --- pushing

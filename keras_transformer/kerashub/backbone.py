@@ -6,6 +6,7 @@ import os
 import keras
 import keras_hub
 
+from keras_transformer import hub
 from keras_transformer.models.transformer import Transformer
 
 
@@ -30,6 +31,7 @@ class TransformerBackbone(Transformer, keras_hub.models.Backbone):
     def from_preset(cls, preset, load_weights=True, **kwargs):
         """`keras_hub.models.Backbone.from_preset`, refusing in one line a
         preset of another architecture (`check_preset_architecture`)."""
+        preset = resolve_preset(preset)
         check_preset_architecture(preset, cls, "keras_hub.models.Backbone")
         return super().from_preset(preset, load_weights, **kwargs)
 
@@ -40,6 +42,18 @@ class TransformerBackbone(Transformer, keras_hub.models.Backbone):
         backbone = cls.from_config(transformer.get_config())
         backbone.set_weights(transformer.get_weights())
         return backbone
+
+
+def resolve_preset(preset):
+    """A preset handle that KerasHub's loader takes: a Hub reference
+    pinned to a revision (``"hf://owner/name@revision"``, which KerasHub
+    reads as a repository name) becomes the snapshot directory of that
+    revision, verified against its manifest when it has one
+    (`keras_transformer.hub.resolve_directory`); other handles are
+    returned as they are."""
+    if isinstance(preset, str) and preset.startswith("hf://") and "@" in preset:
+        return hub.resolve_directory(preset)
+    return preset
 
 
 def check_preset_architecture(preset, cls, loader):

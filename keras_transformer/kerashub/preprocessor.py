@@ -6,6 +6,7 @@ import keras_hub
 from keras_transformer.kerashub.backbone import (
     TransformerBackbone,
     check_preset_architecture,
+    resolve_preset,
 )
 from keras_transformer.kerashub.tokenizer import TransformerTokenizer
 
@@ -56,6 +57,7 @@ class TransformerSeq2SeqLMPreprocessor(keras_hub.models.Seq2SeqLMPreprocessor):
     def from_preset(cls, preset, **kwargs):
         """`keras_hub.models.Seq2SeqLMPreprocessor.from_preset`, refusing
         in one line a preset of another architecture."""
+        preset = resolve_preset(preset)
         check_preset_architecture(
             preset, cls, "keras_hub.models.Seq2SeqLMPreprocessor"
         )

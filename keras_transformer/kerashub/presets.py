@@ -4,7 +4,6 @@
 
 import os
 
-from keras_transformer import hub
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.generation.translator import (
     FORMAT_VERSION,
@@ -77,14 +76,3 @@ def save_translator(translator, directory):
         "tokenizer_config": getattr(tokenizer, "config", None),
     }
     write_json(path, metadata, sort_keys=False)
-
-
-def resolve_preset(preset):
-    """A preset handle that KerasHub's loader takes: a Hub reference
-    pinned to a revision (``"hf://owner/name@revision"``, which KerasHub
-    reads as a repository name) becomes the verified snapshot directory
-    of that revision (`keras_transformer.hub.resolve_directory`); other
-    handles are returned as they are."""
-    if hub.is_hub_reference(preset) and "@" in preset:
-        return hub.resolve_directory(preset)
-    return preset

@@ -9,6 +9,7 @@ from keras_transformer.generation.translator import GenerationConfig, Translator
 from keras_transformer.kerashub.backbone import (
     TransformerBackbone,
     check_preset_architecture,
+    resolve_preset,
 )
 from keras_transformer.kerashub.preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
@@ -62,6 +63,7 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         """`keras_hub.models.Seq2SeqLM.from_preset`, refusing in one line
         a preset of another architecture, e.g. a `BartSeq2SeqLM`'s, which
         ``keras_hub.models.Seq2SeqLM.from_preset`` loads instead."""
+        preset = resolve_preset(preset)
         check_preset_architecture(preset, cls, "keras_hub.models.Seq2SeqLM")
         return super().from_preset(preset, load_weights, **kwargs)
 
