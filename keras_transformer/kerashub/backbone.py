@@ -31,8 +31,11 @@ class TransformerBackbone(Transformer, keras_hub.models.Backbone):
     def from_preset(cls, preset, load_weights=True, **kwargs):
         """`keras_hub.models.Backbone.from_preset`, refusing in one line a
         preset of another architecture (`check_preset_architecture`)."""
-        preset = resolve_preset(preset)
+        # The architecture first, naming the preset as given and reading
+        # only its config.json; then a pinned Hub reference becomes its
+        # snapshot directory.
         check_preset_architecture(preset, cls, "keras_hub.models.Backbone")
+        preset = resolve_preset(preset)
         return super().from_preset(preset, load_weights, **kwargs)
 
     @classmethod

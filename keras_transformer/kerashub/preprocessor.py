@@ -57,10 +57,13 @@ class TransformerSeq2SeqLMPreprocessor(keras_hub.models.Seq2SeqLMPreprocessor):
     def from_preset(cls, preset, **kwargs):
         """`keras_hub.models.Seq2SeqLMPreprocessor.from_preset`, refusing
         in one line a preset of another architecture."""
-        preset = resolve_preset(preset)
+        # The architecture first, naming the preset as given and reading
+        # only its config.json; then a pinned Hub reference becomes its
+        # snapshot directory.
         check_preset_architecture(
             preset, cls, "keras_hub.models.Seq2SeqLMPreprocessor"
         )
+        preset = resolve_preset(preset)
         return super().from_preset(preset, **kwargs)
 
     def build(self, input_shape):

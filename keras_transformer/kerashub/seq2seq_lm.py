@@ -63,8 +63,11 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         """`keras_hub.models.Seq2SeqLM.from_preset`, refusing in one line
         a preset of another architecture, e.g. a `BartSeq2SeqLM`'s, which
         ``keras_hub.models.Seq2SeqLM.from_preset`` loads instead."""
-        preset = resolve_preset(preset)
+        # The architecture first, naming the preset as given and reading
+        # only its config.json; then a pinned Hub reference becomes its
+        # snapshot directory.
         check_preset_architecture(preset, cls, "keras_hub.models.Seq2SeqLM")
+        preset = resolve_preset(preset)
         return super().from_preset(preset, load_weights, **kwargs)
 
     def compile(

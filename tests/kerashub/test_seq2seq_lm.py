@@ -298,7 +298,9 @@ class LabelTokens(keras.metrics.Metric):
             self.value.assign(ops.maximum(self.value, tokens))
 
     def result(self):
-        return ops.convert_to_tensor(self.value)
+        # A new tensor, not a read of the variable: on TensorFlow a read
+        # shares the variable's buffer, which validation then updates.
+        return ops.add(self.value, 0.0)
 
     def reset_state(self):
         self.value.assign(0.0)
