@@ -2,7 +2,6 @@
 sentences into translations, saved and loaded as one directory."""
 
 import dataclasses
-import gc
 import os
 import warnings
 
@@ -11,14 +10,25 @@ import numpy as np
 
 from keras_transformer import hub, marian
 from keras_transformer.generation.generator import METHODS, Generator
-from keras_transformer.generation.search import check_num_return_sequences
+from keras_transformer.generation.quantization import (
+    QUANTIZATION_MODES,
+    check_quantization_mode,
+    quantization_mode,
+    quantize_model,
+)
+from keras_transformer.generation.search import (
+    FINITE_SETTINGS,
+    check_finite,
+    check_length_penalty,
+    check_num_return_sequences,
+)
 from keras_transformer.io_utils import read_json
 from keras_transformer.models import Transformer
 from keras_transformer.utils import replace_settings
 from keras_transformer.version import __version__
 
 # Version 2 is KerasHub's preset layout (`keras_transformer.kerashub.
-# presets.save_translator`); version 1 directories (config.json with a
+# presets.save_preset`); version 1 directories (config.json with a
 # format_version, tokenizer/, generation_config.json) still load.
 FORMAT_VERSION = 2
 CONFIG_FILE = "config.json"
@@ -34,8 +44,6 @@ BACKBONE_NAME = "keras_transformer>TransformerBackbone"
 # Where KerasHub's SentencePiece tokenizers keep their model file.
 VOCABULARY_ASSET = os.path.join("assets", "tokenizer", "vocabulary.spm")
 LONG_INPUTS = ("truncate", "error")
-# The weight quantizations `Translator.quantize` applies, saves and loads.
-QUANTIZATION_MODES = ("int8",)
 
 
 @dataclasses.dataclass
@@ -102,6 +110,9 @@ class GenerationConfig:
         check_num_return_sequences(
             self.num_return_sequences, self.method, self.beam_size
         )
+        for name in FINITE_SETTINGS:
+            check_finite(name, getattr(self, name))
+        check_length_penalty(self.length_penalty, self.length_penalty_style)
 
     def replace(self, **overrides):
         """A copy with some settings changed; unknown names raise."""
@@ -608,7 +619,7 @@ class Translator:
         and quantization), and the tokenizer (``preprocessor.json``,
         ``tokenizer.json`` and ``assets/tokenizer/``; a Marian tokenizer
         in ``tokenizer/``). See
-        `keras_transformer.kerashub.presets.save_translator`.
+        `keras_transformer.kerashub.presets.save_preset`.
         """
         mode = self.quantization_mode
         if mode is not None:
@@ -631,9 +642,25 @@ class Translator:
                 os.remove(path)
         # Imported here: KerasHub imports TensorFlow, which loading and
         # translating on JAX or torch do without.
-        from keras_transformer.kerashub.presets import save_translator
+        from keras_transformer.kerashub.presets import save_preset
 
-        save_translator(self, directory)
+        metadata = {
+            "format_version": FORMAT_VERSION,
+            "version": __version__,
+            "quantization": mode,
+            "tokenizer_config": getattr(self.tokenizer, "config", None),
+        }
+        wrote_tokenizer = save_preset(
+            self.model,
+            self.tokenizer,
+            self.generation_config.to_dict(),
+            directory,
+            {METADATA_KEY: metadata},
+        )
+        if not wrote_tokenizer:
+            # A Marian tokenizer (two SentencePiece models and a
+            # vocabulary) has no KerasHub counterpart.
+            self.tokenizer.save(os.path.join(directory, TOKENIZER_DIR))
 
     def export(self, directory, overwrite=False):
         """Writes a TensorFlow SavedModel for serving: its
@@ -693,6 +720,10 @@ class Translator:
             local_files_only: load from the Hugging Face cache only.
             **settings: generation settings overriding the saved ones.
         """
+        # Settings refused whatever the saved ones are, before the
+        # (possibly long) download and load.
+        for name in FINITE_SETTINGS:
+            check_finite(name, settings.get(name))
         # A Hub reference becomes a verified snapshot directory in the
         # Hugging Face cache; from here on, everything reads a directory.
         directory = hub.resolve_directory(
@@ -919,44 +950,6 @@ def check_export_directory(directory, overwrite=False):
         raise FileExistsError(
             f"{directory!r} is a file, not a directory; pass another directory."
         )
-
-
-def quantization_mode(model):
-    """The quantization of a model's weights: None when no layer is
-    quantized, else the mode (``"int8"``; several joined by ``"+"``)."""
-    # Keras's own `Model.quantize` walks the layers the same way.
-    modes = {layer.quantization_mode for layer in model._flatten_layers()}
-    modes.discard(None)
-    return "+".join(sorted(modes)) or None
-
-
-def check_quantization_mode(mode, message=None):
-    """Raises a `ValueError` for a mode not in `QUANTIZATION_MODES`."""
-    if mode not in QUANTIZATION_MODES:
-        raise ValueError(
-            message
-            or f"mode={mode!r} is not a supported quantization; use one of "
-            f"{QUANTIZATION_MODES}."
-        )
-
-
-def quantize_model(model, mode):
-    """Keras's `Model.quantize`, without its warning for each layer that
-    has no quantized form (norms, dropout, positions, the embedding)."""
-    # Keras runs a full garbage collection as it drops each float kernel:
-    # seconds apiece in a process holding a framework's objects. Frozen,
-    # those objects are left out of these collections (they are
-    # collected as usual once unfrozen).
-    gc.freeze()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore",
-                message=r"Layer \w+ does not have a `quantize` method",
-            )
-            model.quantize(mode)
-    finally:
-        gc.unfreeze()
 
 
 def _load_tokenizer(directory):

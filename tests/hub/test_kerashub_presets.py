@@ -3,6 +3,8 @@ KerasHub presets, and KerasHub's task saves what `Translator` loads, from
 a directory and from a Hub repository (the local Hub server, the real
 `huggingface_hub` client)."""
 
+import json
+
 import keras_hub
 import numpy as np
 from huggingface_hub import HfApi
@@ -50,6 +52,12 @@ def test_seq2seqlm_loads_a_saved_translator(hub_translator, tmp_path):
     assert task.generation_config == hub_translator.generation_config
     _assert_same_weights(task.backbone, hub_translator.model)
     assert task.generate(SENTENCES) == hub_translator.translate(SENTENCES)
+    # The task's own save_to_preset writes the files Translator.save wrote.
+    task.save_to_preset(str(tmp_path / "task"))
+    for name in ("task.json", "config.json", "preprocessor.json"):
+        assert json.loads((tmp_path / "task" / name).read_text()) == (
+            json.loads((tmp_path / "translator" / name).read_text())
+        )
 
 
 def test_translator_loads_a_task_preset(hub_translator, tmp_path):
