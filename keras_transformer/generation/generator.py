@@ -691,6 +691,8 @@ def check_settings(
     search.check_choice("early_stopping", early_stopping, search.EARLY_STOPPING)
     if method != "sample":
         return
+    search.check_finite("temperature", temperature)
+    search.check_finite("top_p", top_p)
     if temperature <= 0:
         raise ValueError(
             f"temperature={temperature} must be > 0; use "

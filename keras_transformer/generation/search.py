@@ -83,16 +83,30 @@ def check_num_return_sequences(num_return_sequences, method, beam_size):
         )
 
 
+# The float settings of a search, and the usual value of those that have
+# one, for the message refusing NaN or an infinity.
+FINITE_SETTINGS = {
+    "length_penalty": "0.6 in the paper; 0 disables it",
+    "temperature": "1 leaves the probabilities as they are",
+    "top_p": "1 disables the filter",
+}
+
+
+def check_finite(name, value):
+    """Raises a ValueError when the setting ``name`` is a NaN or infinite
+    number."""
+    if isinstance(value, numbers.Real) and not math.isfinite(value):
+        raise ValueError(
+            f"{name}={value} must be a finite number ({FINITE_SETTINGS[name]})."
+        )
+
+
 def check_length_penalty(alpha, style):
     """Raises a ValueError for an unknown ``style``, or for a negative
     ``alpha`` (a number) with the GNMT penalty: the paper's beam search
     stops on the bound that longer hypotheses never score higher."""
     check_choice("length_penalty_style", style, LENGTH_PENALTY_STYLES)
-    if isinstance(alpha, numbers.Real) and not math.isfinite(alpha):
-        raise ValueError(
-            f"length_penalty={alpha} must be a finite number (0.6 in the "
-            "paper; 0 disables it)."
-        )
+    check_finite("length_penalty", alpha)
     if style == "gnmt" and isinstance(alpha, numbers.Real) and alpha < 0:
         raise ValueError(
             f"length_penalty={alpha} must be >= 0 (0.6 in the paper; 0 "

@@ -157,3 +157,24 @@ def test_plot_attention_rows_are_the_generated_tokens(
     assert sentence.target_tokens == [str(p) for p in pieces]
     assert len(sentence.cross_attention[0, 0]) == min(len(ids) + 1, limit)
     assert tokenizer.encode(rows[0][0].text) != ids
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_length_penalty_fails_before_loading(
+    value, tmp_path, capsys
+):
+    # There is no translator at --model: the flag is refused first.
+    status = cli.main(
+        [
+            "translate",
+            "--model",
+            str(tmp_path / "none"),
+            "--length-penalty",
+            value,
+        ]
+    )
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"keras-transformer translate: error: length_penalty={value} must be "
+        "a finite number (0.6 in the paper; 0 disables it)."
+    ]

@@ -314,6 +314,16 @@ def test_bad_arguments(random_generator):
         generator.generate(np.array([["a", "b"]]))
     with pytest.raises(ValueError, match="temperature=0"):
         generator.generate(ids, method="sample", temperature=0)
+    for name, value, usual in (
+        ("temperature", float("nan"), "1 leaves the probabilities as they are"),
+        ("top_p", float("inf"), "1 disables the filter"),
+        ("length_penalty", float("nan"), "0.6 in the paper; 0 disables it"),
+    ):
+        with pytest.raises(ValueError) as caught:
+            generator.generate(ids, method="sample", **{name: value})
+        assert str(caught.value) == (
+            f"{name}={value} must be a finite number ({usual})."
+        )
 
 
 def _plant(rng, ids, value):

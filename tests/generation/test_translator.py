@@ -14,7 +14,7 @@ from keras_transformer.generation import (
     corpus_bleu,
     evaluate_bleu,
 )
-from tests.generation.conftest import SENTENCES
+from tests.generation.conftest import SENTENCES, build_tiny_model
 
 
 def test_translate_restores_order_across_batches(translator):
@@ -90,6 +90,63 @@ def test_settings_are_checked(translator):
         translator.translate(
             SENTENCES[:1], method="greedy", num_return_sequences=2
         )
+
+
+USUAL = {
+    "length_penalty": "0.6 in the paper; 0 disables it",
+    "temperature": "1 leaves the probabilities as they are",
+    "top_p": "1 disables the filter",
+}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("name", sorted(USUAL))
+def test_non_finite_settings_are_refused_where_they_are_set(
+    translator, saved_translator, tmp_path, name, value
+):
+    message = f"{name}={value} must be a finite number ({USUAL[name]})."
+    setting = {name: value}
+    model, tokenizer = translator.model, translator.tokenizer
+    before = translator.generation_config.to_dict()
+    for make in (
+        lambda: GenerationConfig(**setting),
+        lambda: GenerationConfig().replace(**setting),
+        lambda: GenerationConfig.from_dict(setting),
+        lambda: Translator(model, tokenizer, **setting),
+        lambda: translator.translate(SENTENCES[:1], **setting),
+        lambda: Translator.from_pretrained(saved_translator, **setting),
+        # Before anything is read: there is no translator there.
+        lambda: Translator.from_pretrained(tmp_path / "none", **setting),
+    ):
+        with pytest.raises(ValueError) as caught:
+            make()
+        assert str(caught.value) == message
+    # Finite values pass; the refused call left the translator as it was.
+    assert getattr(GenerationConfig(**{name: 0.5}), name) == 0.5
+    assert translator.generation_config.to_dict() == before
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(translator):
+    tokenizer = translator.tokenizer
+    size = tokenizer.vocabulary_size
+    for model in (
+        build_tiny_model(vocabulary_size=size - 1),
+        # A separate target vocabulary is the one generated ids index.
+        build_tiny_model(
+            vocabulary_size=size + 10, target_vocabulary_size=size - 3
+        ),
+    ):
+        smaller = model.target_vocabulary_size or model.vocabulary_size
+        with pytest.raises(ValueError) as caught:
+            Translator(model, tokenizer)
+        assert str(caught.value) == (
+            f"The tokenizer has {size} ids but the model's vocabulary_size "
+            f"is {smaller}. Use the tokenizer the model was trained with."
+        )
+    # A model with as many ids, or more, takes the tokenizer.
+    for extra in (0, 5):
+        model = build_tiny_model(vocabulary_size=size + extra)
+        assert Translator(model, tokenizer).tokenizer is tokenizer
 
 
 def test_save_and_load(translator, saved_translator):

@@ -170,7 +170,21 @@ def test_a_preset_of_another_model_is_named(copy):
 
 @pytest.mark.parametrize(
     "settings, expected",
-    [("[4]", "holds a JSON list"), ('{"beam_size": 0}', "beam_size=0")],
+    [
+        ("[4]", "holds a JSON list"),
+        ('{"beam_size": 0}', "beam_size=0"),
+        (
+            '{"length_penalty": NaN}',
+            "length_penalty=nan must be a finite number (0.6 in the paper; "
+            "0 disables it). Re-save or re-download the translator.",
+        ),
+        (
+            '{"temperature": Infinity}',
+            "temperature=inf must be a finite number (1 leaves the "
+            "probabilities as they are). Re-save or re-download the "
+            "translator.",
+        ),
+    ],
 )
 def test_garbage_generation_config_is_named(
     copy, copy_version_1, settings, expected
