@@ -121,15 +121,30 @@ class BleuCallback(keras.callbacks.Callback):
         self.settings = settings
         self.best = None
         self.history = []
+        self._translator = None
+
+    def _translator_of_model(self):
+        """One `Translator` of the model for every epoch: its compiled
+        searches read the model's current weights, and are compiled only
+        once."""
+        from keras_transformer.generation import Translator
+
+        if self._translator is None or self._translator.model is not self.model:
+            self._translator = Translator(
+                self.model, self.tokenizer, **self.settings
+            )
+        return self._translator
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:
             return
-        from keras_transformer.generation import Translator, evaluate_bleu
+        from keras_transformer.generation import evaluate_bleu
 
-        translator = Translator(self.model, self.tokenizer, **self.settings)
         result = evaluate_bleu(
-            translator, self.sources, self.references, verbose=False
+            self._translator_of_model(),
+            self.sources,
+            self.references,
+            verbose=False,
         )
         self.history.append((epoch, result.score))
         if logs is not None:
@@ -141,3 +156,82 @@ class BleuCallback(keras.callbacks.Callback):
                     os.path.dirname(self.best_path) or ".", exist_ok=True
                 )
                 self.model.save_weights(self.best_path, overwrite=True)
+
+
+class KeepBest(keras.callbacks.Callback):
+    """Keeps the weights of the epoch with the best value of a monitored
+    log in ``path`` and, with a ``patience``, stops training once that
+    value has not improved for ``patience`` epochs (early stopping).
+
+    Place it after the callbacks that add the monitored value to the
+    logs (`BleuCallback` adds ``val_bleu``; ``val_loss`` comes from
+    ``fit(validation_data=...)``). Only a strictly better value counts
+    as an improvement, so the first of equal epochs stays the best. A
+    run resumed after ``history`` (the values of its earlier epochs)
+    goes on with their best and their epochs without improvement.
+
+    Args:
+        path: where to save the best weights (``*.weights.h5``).
+        monitor: the key of the epoch logs to watch.
+        mode: ``"max"`` (BLEU) or ``"min"`` (a loss).
+        patience: epochs without improvement before training stops; 0
+            never stops.
+        history: ``(epoch, value)`` of the epochs already trained, in
+            order.
+
+    Attributes:
+        best, best_epoch: the best value and its epoch (from 0, as
+            `keras.callbacks.CSVLogger` numbers epochs), or None.
+        stopped_early: training stopped (or, resumed, had stopped) for
+            want of improvement.
+    """
+
+    def __init__(self, path, monitor, mode, patience=0, history=()):
+        super().__init__()
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode={mode!r} must be 'max' or 'min'.")
+        if not isinstance(patience, int) or patience < 0:
+            raise ValueError(
+                f"patience={patience!r} must be 0 (never stop) or a "
+                "positive number of epochs."
+            )
+        self.path = str(path)
+        self.monitor = monitor
+        self.mode = mode
+        self.patience = patience
+        self.best = self.best_epoch = None
+        self.wait = 0
+        for epoch, value in history:
+            self._update(epoch, value)
+        self.stopped_early = self.exhausted
+
+    @property
+    def exhausted(self):
+        """The patience has run out: no epoch should follow."""
+        return self.patience > 0 and self.wait >= self.patience
+
+    def _update(self, epoch, value):
+        """Records an epoch's value; returns whether it is a new best."""
+        better = self.best is None or (
+            value > self.best if self.mode == "max" else value < self.best
+        )
+        if better and math.isfinite(value):
+            self.best, self.best_epoch, self.wait = value, epoch, 0
+            return True
+        self.wait += 1
+        return False
+
+    def on_epoch_end(self, epoch, logs=None):
+        value = (logs or {}).get(self.monitor)
+        if value is None:
+            raise ValueError(
+                f"KeepBest monitors {self.monitor!r}, which the epoch logs "
+                f"do not have ({sorted(logs or {})}); place it after the "
+                "callback that adds it."
+            )
+        if self._update(epoch, float(value)):
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.model.save_weights(self.path, overwrite=True)
+        if self.exhausted:
+            self.stopped_early = True
+            self.model.stop_training = True

@@ -15,7 +15,12 @@ RUN_FILE = "run.json"
 RUN_FORMAT_VERSION = 1
 # Settings that change what a run reports, not what it trains: a run
 # resumes with other values of them.
-EVALUATION_SETTINGS = ("beam_size", "length_penalty", "bleu_subset")
+EVALUATION_SETTINGS = (
+    "beam_size",
+    "length_penalty",
+    "bleu_subset",
+    "validation_batches",
+)
 # What a run or a saved translator of this package holds: the only names
 # that ``overwrite=True`` removes.
 RUN_ENTRIES = frozenset(
