@@ -74,6 +74,15 @@ def _add_train(commands):
     )
     parser.add_argument("--recipe", required=True, choices=RECIPE_NAMES)
     parser.add_argument(
+        "--init",
+        default=None,
+        metavar="MODEL",
+        help="fine-tune this model instead of training a new one: a "
+        "translator directory, a Marian/OPUS-MT checkpoint directory or "
+        "hf://owner/name; its tokenizer, model settings and generation "
+        "settings are kept (see the multi30k_en_de_finetune recipe)",
+    )
+    parser.add_argument(
         "--data-dir",
         default=None,
         help="local directory with the corpus files (default: download)",
@@ -151,7 +160,8 @@ def _parse_overrides(items):
 def _recipe_overrides(args):
     """The ``--set`` items as ``(max_steps, settings)``: ``model.KEY=VALUE``
     changes one `Transformer` argument of the recipe's model (``model=``
-    with a JSON object replaces them all), and ``max_steps`` is the same
+    with a JSON object replaces them all; with ``--init``, whose model
+    gives the others, it is passed alone), and ``max_steps`` is the same
     as ``--max-steps``."""
     from keras_transformer.training import get_recipe
 
@@ -163,7 +173,8 @@ def _recipe_overrides(args):
                 f"--set {key}=...: only the model's arguments take a "
                 f"dotted key (model.KEY=VALUE); set {field!r} whole."
             )
-        model = overrides.get("model", get_recipe(args.recipe).model)
+        base = {} if args.init else get_recipe(args.recipe).model
+        model = overrides.get("model", base)
         overrides["model"] = {**model, argument: overrides.pop(key)}
     max_steps = args.max_steps
     if "max_steps" in overrides:
@@ -196,6 +207,7 @@ def _train(args):
         verbose=_fit_verbosity(args.quiet, sys.stdout.isatty()),
         distribute=args.distribute,
         model_parallel=args.model_parallel,
+        init=args.init,
         **overrides,
     )
     print(summary)

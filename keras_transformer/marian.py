@@ -179,7 +179,7 @@ class MarianTokenizer:
         """Number of target ids (the size of the model's output)."""
         return len(self.target_vocab or self.vocab)
 
-    def _tokenize_one(self, text):
+    def _tokenize_one(self, text, spm, vocab):
         if not isinstance(text, str):
             raise TypeError(
                 f"MarianTokenizer.tokenize expects str; got "
@@ -190,15 +190,31 @@ class MarianTokenizer:
             end = text.find("<<")
             if end != -1:
                 code, text = [text[: end + 2]], text[end + 2 :]
-        pieces = code + self._source.encode(text, out_type=str)
-        return [self.vocab.get(piece, self.unk_id) for piece in pieces]
+        pieces = code + spm.encode(text, out_type=str)
+        return [vocab.get(piece, self.unk_id) for piece in pieces]
 
     def tokenize(self, inputs):
         """Ids of a str (a list) or of a list of str (a list of lists),
         without the end token."""
         if isinstance(inputs, str):
-            return self._tokenize_one(inputs)
-        return [self._tokenize_one(text) for text in inputs]
+            return self._tokenize_one(inputs, self._source, self.vocab)
+        return [
+            self._tokenize_one(text, self._source, self.vocab)
+            for text in inputs
+        ]
+
+    def tokenize_target(self, inputs):
+        """Ids of target-language text, as `tokenize` gives them for the
+        source: split by the target SentencePiece model and mapped
+        through the target vocabulary, like ``transformers``'
+        ``tokenizer(text_target=...)``. They are the labels when the
+        model is trained further."""
+        vocab = self.target_vocab or self.vocab
+        if isinstance(inputs, str):
+            return self._tokenize_one(inputs, self._target, vocab)
+        return [
+            self._tokenize_one(text, self._target, vocab) for text in inputs
+        ]
 
     def _detokenize_one(self, ids):
         pieces = []

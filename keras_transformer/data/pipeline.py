@@ -11,7 +11,8 @@ about 25,000 source and 25,000 target tokens). Each element is::
 with ``encoder_token_ids = source + [end]`` (the encoder reads the whole
 source at once and needs no start id), ``decoder_token_ids = [start] +
 target`` (teacher forcing: the target shifted right) and ``labels = target
-+ [end]``. Padding is id 0, masks are 1 on real tokens, ``sample_weight``
++ [end]``. The start, end and padding ids are the tokenizer's (0 pads
+with `SubwordTokenizer`), masks are 1 on real tokens, ``sample_weight``
 is 1.0 on real label tokens and 0.0 on padding. Ids and masks are int32,
 ``sample_weight`` float32.
 """
@@ -30,7 +31,7 @@ from keras_transformer.data.corpus import (
     _filter_pairs,
     read_parallel_corpus,
 )
-from keras_transformer.data.tokenizer import END_ID, START_ID
+from keras_transformer.data.tokenizer import END_ID, PAD_ID, START_ID
 from keras_transformer.utils import first_invalid_token_id
 
 logger = logging.getLogger(__name__)
@@ -71,8 +72,22 @@ def _read_sides(source, target):
     )
 
 
-def _tokenize_corpus(tokenizer, sentences, num_parallel_calls):
-    """Token ids of every sentence, tokenized in a tf.data graph."""
+def _tokenize_corpus(tokenizer, sentences, num_parallel_calls, side):
+    """Token ids of every sentence of one side, tokenized in a tf.data
+    graph; with a tokenizer that has a ``tokenize_target`` (a Marian
+    model's, whose sides have their own SentencePiece models), in Python
+    with the side's own method."""
+    if hasattr(tokenizer, "tokenize_target"):
+        tokenize = (
+            tokenizer.tokenize_target
+            if side == "target"
+            else tokenizer.tokenize
+        )
+        rows = tokenize(list(sentences))
+        return tf.RaggedTensor.from_row_lengths(
+            np.asarray([i for row in rows for i in row], np.int32),
+            np.asarray([len(row) for row in rows], np.int64),
+        )
     chunks = (
         tf.data.Dataset.from_tensor_slices(tf.constant(sentences, tf.string))
         .batch(_TOKENIZE_CHUNK)
@@ -209,7 +224,7 @@ def translation_dataset(
         )
     ).repeat()
     dataset = tf.data.Dataset.zip(plans, ids).map(
-        _batch_function(planner),
+        _batch_function(planner, tokenizer),
         num_parallel_calls=num_parallel_calls,
         deterministic=deterministic,
     )
@@ -254,10 +269,10 @@ def _tokenized_corpus(source, target, tokenizer, max_length, parallel_calls):
     # The corpus is tokenized once, in a tf.data graph; each epoch then
     # only gathers and pads ids.
     source_ids = _tokenize_corpus(
-        tokenizer, [p[0] for p in pairs], parallel_calls
+        tokenizer, [p[0] for p in pairs], parallel_calls, "source"
     )
     target_ids = _tokenize_corpus(
-        tokenizer, [p[1] for p in pairs], parallel_calls
+        tokenizer, [p[1] for p in pairs], parallel_calls, "target"
     )
     for side, ids in (("source", source_ids), ("target", target_ids)):
         _check_tokenizer_ids(side, ids, tokenizer, pairs)
@@ -335,9 +350,13 @@ def _plan_generator(planner, shuffle, seed, repeat):
     return plans
 
 
-def _batch_function(planner):
+def _batch_function(planner, tokenizer):
     """The map from a plan and the corpus's ids to one padded batch of
-    ``(inputs, labels, sample_weight)`` in its bucket's shape."""
+    ``(inputs, labels, sample_weight)`` in its bucket's shape, with the
+    tokenizer's start, end and padding ids."""
+    start_id = getattr(tokenizer, "start_id", START_ID)
+    end_id = getattr(tokenizer, "end_id", END_ID)
+    pad_id = getattr(tokenizer, "pad_id", PAD_ID)
     batch_sizes = tf.constant(planner.batch_sizes, tf.int32)
     source_pads = tf.constant([s for s, _ in planner.shapes], tf.int32)
     target_pads = tf.constant([t for _, t in planner.shapes], tf.int32)
@@ -357,23 +376,26 @@ def _batch_function(planner):
         )
         rows = tf.shape(indices, out_type=tf.int64)[:1]
         ones = tf.ones(rows, tf.int64)
-        end = tf.RaggedTensor.from_row_lengths(tf.fill(rows, END_ID), ones)
-        start = tf.RaggedTensor.from_row_lengths(tf.fill(rows, START_ID), ones)
+        end = tf.RaggedTensor.from_row_lengths(tf.fill(rows, end_id), ones)
+        start = tf.RaggedTensor.from_row_lengths(tf.fill(rows, start_id), ones)
         encoder_ids = tf.concat([source_ids, end], axis=1)
         decoder_ids = tf.concat([start, target_ids], axis=1)
         labels = tf.concat([target_ids, end], axis=1)
-        shape = tf.stack([batch_sizes[bucket], source_pads[bucket]])
-        encoder_ids = encoder_ids.to_tensor(0, shape=shape)
-        shape = tf.stack([batch_sizes[bucket], target_pads[bucket]])
-        decoder_ids = decoder_ids.to_tensor(0, shape=shape)
-        labels = labels.to_tensor(0, shape=shape)
+        # Masks come from the lengths, not the ids: a Marian tokenizer's
+        # start id is its padding id, and its end id is 0.
+        source = tf.stack([batch_sizes[bucket], source_pads[bucket]])
+        target = tf.stack([batch_sizes[bucket], target_pads[bucket]])
+        encoder_mask = tf.ones_like(encoder_ids).to_tensor(0, shape=source)
+        decoder_mask = tf.ones_like(decoder_ids).to_tensor(0, shape=target)
         inputs = {
-            "encoder_token_ids": encoder_ids,
-            "encoder_padding_mask": tf.cast(encoder_ids != 0, tf.int32),
-            "decoder_token_ids": decoder_ids,
-            "decoder_padding_mask": tf.cast(decoder_ids != 0, tf.int32),
+            "encoder_token_ids": encoder_ids.to_tensor(pad_id, shape=source),
+            "encoder_padding_mask": encoder_mask,
+            "decoder_token_ids": decoder_ids.to_tensor(pad_id, shape=target),
+            "decoder_padding_mask": decoder_mask,
         }
-        return inputs, labels, tf.cast(labels != 0, tf.float32)
+        labels = labels.to_tensor(pad_id, shape=target)
+        # labels and decoder inputs have the same lengths.
+        return inputs, labels, tf.cast(decoder_mask, tf.float32)
 
     return to_batch
 
