@@ -81,3 +81,31 @@ def save_version_1(translator, directory):
     translator.tokenizer.save(os.path.join(directory, "tokenizer"))
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
         json.dump(translator.generation_config.to_dict(), f)
+
+
+# Lower-case pieces of the lines that TensorFlow, absl, oneDNN, CUDA and
+# tensorflow-text's copy of SentencePiece write to standard error: a
+# command prints none of them unless --verbose.
+LIBRARY_NOISE = (
+    "tensorflow",
+    "absl",
+    "onednn",
+    "cuda",
+    "cuinit",
+    "cudart",
+    "precompiled_charsmap",
+    "normalizer.cc",
+)
+
+
+def noisy_lines(text, *own_paths):
+    """The lines of a command's output that hold `LIBRARY_NOISE`, once
+    the command's own paths are taken out (a temporary folder may be
+    named after a backend)."""
+    for path in own_paths:
+        text = text.replace(str(path), "<path>")
+    return [
+        line
+        for line in text.splitlines()
+        if any(noise in line.lower() for noise in LIBRARY_NOISE)
+    ]

@@ -9,8 +9,11 @@ SavedModels with tensorflow-text's op over the same model, which gives
 the same ids; both detokenize back to text.
 """
 
+import contextlib
 import io
 import os
+import sys
+import tempfile
 
 import numpy as np
 import sentencepiece as spm
@@ -54,6 +57,54 @@ def _parse_model(proto):
     if processor.get_piece_size() == 0:
         raise _NotAModelError(f"its {len(proto)} bytes hold no pieces")
     return processor
+
+
+# The info lines of the SentencePiece copy inside tensorflow-text (its op
+# says "normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty. use
+# identity normalization." when it loads a model trained with identity
+# normalization). That copy has a logger of its own, out of reach of
+# TF_CPP_MIN_LOG_LEVEL and of `sentencepiece.set_min_log_level`.
+_SENTENCEPIECE_INFO = b") LOG(INFO) "
+
+
+def _tensorflow_info_hidden():
+    """Whether TensorFlow's info logs are hidden (TF_CPP_MIN_LOG_LEVEL of
+    1 or more, which `keras-transformer` sets unless --verbose)."""
+    level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0").strip()
+    return level.isdigit() and int(level) >= 1
+
+
+@contextlib.contextmanager
+def _sentencepiece_info_hidden():
+    """Drops the SentencePiece info lines that tensorflow-text's op
+    writes to file descriptor 2 inside the block, when TensorFlow's own
+    info logs are hidden; anything else written there meanwhile is
+    passed on after the block."""
+    if not _tensorflow_info_hidden():
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        try:
+            saved = os.dup(2)
+        except OSError:  # no standard error to filter
+            yield
+            return
+        sys.stderr.flush()
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = b"".join(
+                line
+                for line in captured.read().splitlines(keepends=True)
+                if _SENTENCEPIECE_INFO not in line
+            )
+            while kept:
+                kept = kept[os.write(2, kept) :]
 
 
 def _describe(value):
@@ -126,9 +177,10 @@ class SubwordTokenizer:
         import tensorflow as tf
         import tensorflow_text as tf_text
 
-        return tf_text.SentencepieceTokenizer(
-            model=self._proto, out_type=tf.int32
-        )
+        with _sentencepiece_info_hidden():
+            return tf_text.SentencepieceTokenizer(
+                model=self._proto, out_type=tf.int32
+            )
 
     def _refresh(self):
         """Creates the tensorflow-text op, or recreates it if its

@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pytest
@@ -287,3 +288,45 @@ def test_loading_and_encoding_import_no_tensorflow(small_tokenizer, tmp_path):
     sentences = ["A man rides a bike.", "Zwei Hunde."]
     expected = small_tokenizer.tokenize(sentences).to_list()
     assert result.stdout.strip() == f"{expected} {sentences} []"
+
+
+# --- tensorflow-text's SentencePiece logs as quietly as TensorFlow
+
+INFO_LINE = (
+    "normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty. use identity "
+    "normalization."
+)
+
+
+@pytest.mark.parametrize(
+    ("level", "shown", "vocabulary_size"),
+    [("3", False, 331), ("1", False, 332), ("0", True, 333), ("", True, 334)],
+)
+def test_the_ops_info_line_follows_tensorflows_log_level(
+    level, shown, vocabulary_size, small_corpus, monkeypatch, capfd
+):
+    # The op logs when it first loads a model (TensorFlow then caches its
+    # kernel): a vocabulary size of its own gives each case a new model.
+    tokenizer = train_tokenizer(list(small_corpus[0]), vocabulary_size)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", level)
+    capfd.readouterr()
+    ids = tokenizer.tokenize(["A red ball."]).to_list()
+    err = capfd.readouterr().err
+    assert ids == [tokenizer.encode("A red ball.")]
+    logged = [line for line in err.splitlines() if "LOG(INFO)" in line]
+    assert logged == ([INFO_LINE] if shown else [])
+
+
+def test_other_lines_written_while_the_op_loads_are_kept(
+    small_corpus, monkeypatch, capfd
+):
+    from keras_transformer.data import tokenizer as module
+
+    tokenizer = train_tokenizer(list(small_corpus[0]), vocabulary_size=335)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    capfd.readouterr()
+    with module._sentencepiece_info_hidden():
+        os.write(2, b"first line\n")
+        tokenizer._new_tf_tokenizer()
+        os.write(2, b"last line, no newline")
+    assert capfd.readouterr().err == "first line\nlast line, no newline"

@@ -10,6 +10,7 @@ import pytest
 
 from keras_transformer import cli
 from tests.generation.conftest import SENTENCES
+from tests.helpers import noisy_lines
 
 
 def test_help_and_version(capsys):
@@ -178,3 +179,45 @@ def test_a_non_finite_length_penalty_fails_before_loading(
         f"keras-transformer translate: error: length_penalty={value} must be "
         "a finite number (0.6 in the paper; 0 disables it)."
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_tensorflow_writes_nothing_to_a_redirected_log_unless_verbose(
+    command, translator, saved_translator, tmp_path
+):
+    # On the TensorFlow backend, whichever backend saved the translator:
+    # there the command imports TensorFlow, whose libraries log.
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(SENTENCES[:3]) + "\n", encoding="utf-8")
+    files = ["--input", str(source)]
+    if command == "evaluate":
+        files = ["--source", str(source), "--reference", str(source)]
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    # The test configuration quiets TensorFlow; the command must do it.
+    environment.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    logs = {}
+    for flags in ([], ["--verbose"]):
+        log = tmp_path / f"{command}{''.join(flags)}.log"
+        with open(log, "wb") as stderr:
+            result = subprocess.run(
+                [sys.executable, "-m", "keras_transformer.cli", *flags]
+                + [command, "--model", str(saved_translator), *files],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=environment,
+                timeout=600,
+            )
+        logs[tuple(flags)] = log.read_text(encoding="utf-8", errors="replace")
+        assert result.returncode == 0, logs[tuple(flags)][-3000:]
+        output = result.stdout.decode().splitlines()
+        if command == "translate":
+            assert output == translator.translate(SENTENCES[:3])
+        else:
+            assert (
+                output[0].startswith("BLEU = ") and "(3 sentences)" in output[0]
+            )
+    own = (tmp_path, saved_translator)
+    assert noisy_lines(logs[()], *own) == []
+    # --verbose lets them through.
+    assert noisy_lines(logs[("--verbose",)], *own) != []
