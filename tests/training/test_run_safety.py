@@ -324,6 +324,59 @@ def test_missing_splits_and_unwritable_outputs_fail_before_any_work(
     assert not output.exists()
 
 
+@pytest.mark.parametrize("steps", ["0", "-3"])
+def test_the_command_refuses_max_steps_below_one_in_one_line(
+    data_dir, tmp_path, capsys, steps
+):
+    output = tmp_path / "run"
+    status = cli.main(
+        [
+            "train",
+            "--recipe",
+            RECIPE,
+            "--data-dir",
+            str(data_dir),
+            "--output",
+            str(output),
+            "--max-steps",
+            steps,
+            "--no-evaluate",
+            "--quiet",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 1
+    assert captured.err.splitlines() == [
+        f"keras-transformer train: error: Recipe setting max_steps={steps} "
+        "(an int) must be an integer of at least 1."
+    ]
+    assert captured.out == ""
+    assert not output.exists()
+
+
+def test_a_directory_in_place_of_a_training_file_is_one_line(
+    data_dir, tmp_path, capsys
+):
+    broken = shutil.copytree(data_dir, tmp_path / "data")
+    os.remove(broken / "train.en")
+    (broken / "train.en").mkdir()
+    output = tmp_path / "run"
+    with pytest.raises(ValueError) as caught:
+        train(broken, output)
+    assert str(caught.value) == (
+        f"{str(broken / 'train.en')!r} is a directory, not a text file. Put "
+        "the split's sentences there as a file, one per line."
+    )
+    assert not output.exists()
+    # The command says the same in one line, and writes nothing either.
+    assert cli_train(broken, output) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"keras-transformer train: error: {caught.value}"
+    ]
+    assert not output.exists()
+
+
 # --- 4. a run shorter than the recipe's schedule still learns
 
 
