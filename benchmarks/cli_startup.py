@@ -74,6 +74,9 @@ def main(argv=None):
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     contestants = _contestants()
+    # Other work on the machine slows every child alike: say how much
+    # there was.
+    load = [round(value, 2) for value in os.getloadavg()]
     measured = {name: [] for name in contestants}
     loaded = {}
     for r in range(args.runs):
@@ -85,6 +88,7 @@ def main(argv=None):
         "machine": _common.machine(),
         "backend": os.environ.get("KERAS_BACKEND", "default"),
         "runs": args.runs,
+        "load_average_1_5_15_min": load,
         "median_seconds": {
             name: round(statistics.median(values), 3)
             for name, values in measured.items()

@@ -279,3 +279,4 @@ def test_cli_startup_smoke(tmp_path):
     assert set(medians) >= {"help", "version", "before_import_recipes"}
     assert all(value > 0 for value in medians.values())
     assert "cpu_count" in report["machine"]
+    assert len(report["load_average_1_5_15_min"]) == 3
