@@ -308,7 +308,9 @@ def _evaluate(args):
             translator,
             [s for s, _ in pairs],
             [t for _, t in pairs],
-            verbose=False if args.quiet else "auto",
+            # A progress bar on a terminal only: none of its carriage
+            # returns and escape codes in a redirected log.
+            verbose="auto" if sys.stderr.isatty() and not args.quiet else False,
         )
     print(f"{result}  ({len(pairs)} sentences)")
     return 0

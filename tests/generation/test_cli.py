@@ -219,5 +219,8 @@ def test_tensorflow_writes_nothing_to_a_redirected_log_unless_verbose(
             )
     own = (tmp_path, saved_translator)
     assert noisy_lines(logs[()], *own) == []
+    # Three sentences are two batches of the fixture's translator, which
+    # a terminal would see as a progress bar; a redirected log has none.
+    assert "\r" not in logs[()] and "\x1b" not in logs[()]
     # --verbose lets them through.
     assert noisy_lines(logs[("--verbose",)], *own) != []
