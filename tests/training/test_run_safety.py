@@ -110,7 +110,7 @@ def read_json(path):
         return json.load(f)
 
 
-def cli_train(data_dir, output, *arguments):
+def cli_train(data_dir, output, *arguments, max_steps="2"):
     return cli.main(
         [
             "train",
@@ -121,7 +121,7 @@ def cli_train(data_dir, output, *arguments):
             "--output",
             str(output),
             "--max-steps",
-            "2",
+            max_steps,
             "--no-evaluate",
             "--quiet",
             *arguments,
@@ -329,21 +329,7 @@ def test_the_command_refuses_max_steps_below_one_in_one_line(
     data_dir, tmp_path, capsys, steps
 ):
     output = tmp_path / "run"
-    status = cli.main(
-        [
-            "train",
-            "--recipe",
-            RECIPE,
-            "--data-dir",
-            str(data_dir),
-            "--output",
-            str(output),
-            "--max-steps",
-            steps,
-            "--no-evaluate",
-            "--quiet",
-        ]
-    )
+    status = cli_train(data_dir, output, max_steps=steps)
     captured = capsys.readouterr()
     assert status == 1
     assert captured.err.splitlines() == [
