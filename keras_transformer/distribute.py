@@ -144,8 +144,9 @@ class Distribution:
         return GlobalTokenMean(loss, self)
 
     def prepare(self, model):
-        """After `compile`: on torch, copies rank 0's weights to every rank
-        and all-reduces each gradient during backward."""
+        """After `compile`: on torch, copies rank 0's weights to every rank,
+        all-reduces each gradient during backward, and makes the logged
+        loss and metrics those of the global batch (`global_metrics`)."""
         if self.backend != "torch" or self.num_processes == 1:
             return model
         import torch
@@ -166,6 +167,7 @@ class Distribution:
             if not getattr(variable, "_kt_all_reduce", False):
                 variable.value.register_post_accumulate_grad_hook(all_reduce)
                 variable._kt_all_reduce = True
+        model.get_metrics_result = global_metrics(model)
         return model
 
     def all_reduce_sum(self, value):
@@ -238,6 +240,42 @@ class Distribution:
                     tf.distribute.ReduceOp.SUM, tf.constant(1.0)
                 )
             )
+
+
+def global_metrics(model):
+    """A `get_metrics_result` for ``model`` on torch ranks that reads each
+    metric over every rank's rows, as one process reads it over the whole
+    batch.
+
+    Every metric here keeps sums (of values and of weights), so the
+    ranks' states are summed in one all-reduce, read, and put back: each
+    rank goes on accumulating its own rows. Keras reads the metrics after
+    every train and test step, which every rank runs in step.
+    """
+    import torch
+    import torch.distributed as dist
+
+    local_result = model.get_metrics_result
+
+    def result():
+        variables = [v for metric in model.metrics for v in metric.variables]
+        if not variables:
+            return local_result()
+        saved = [v.value.detach().clone() for v in variables]
+        summed = torch.cat([s.reshape(-1).double() for s in saved])
+        dist.all_reduce(summed)
+        offset = 0
+        for variable, value in zip(variables, saved, strict=True):
+            part = summed[offset : offset + value.numel()]
+            variable.assign(part.reshape(value.shape).to(value.dtype))
+            offset += value.numel()
+        try:
+            return local_result()
+        finally:
+            for variable, value in zip(variables, saved, strict=True):
+                variable.assign(value)
+
+    return result
 
 
 class _StopTogether(keras.callbacks.Callback):

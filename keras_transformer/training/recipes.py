@@ -41,6 +41,10 @@ class Recipe:
         vocabulary_size: size of the shared subword vocabulary.
         model: `Transformer` arguments.
         max_tokens: token budget of a batch, per side.
+        batch_multiple: every batch's sentence count is a multiple of
+            this (and of a distributed run's replica count): a run on one
+            device with the replica count of a distributed run trains on
+            the same global batches as that run.
         max_length: the longest training sequence (and the model's
             ``max_sequence_length``).
         warmup_steps, learning_rate_scale: the schedule of section 5.3.
@@ -82,6 +86,7 @@ class Recipe:
     vocabulary_size: int
     model: dict
     max_tokens: int
+    batch_multiple: int = 1
     max_length: int = 256
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0
@@ -108,10 +113,18 @@ class Recipe:
         return replace_settings(self, overrides, "recipe settings")
 
 
+# Each setting's default: what a run recorded before the setting existed
+# trained with.
+_DEFAULTS = {
+    field.name: field.default
+    for field in dataclasses.fields(Recipe)
+    if field.default is not dataclasses.MISSING
+}
 # The least value of each integer setting.
 _INTEGER_SETTINGS = {
     "vocabulary_size": 8,  # 4 ids are reserved
     "max_tokens": 1,
+    "batch_multiple": 1,
     "max_length": 2,  # a token and the start or end id
     "warmup_steps": 1,
     "cooldown_steps": 0,
@@ -636,7 +649,7 @@ def _start_run(
     fingerprint = run_fingerprint(recipe, data_dir, seed)
     if loaded is not None:
         fingerprint["init"] = loaded.source
-    directory = check_output(output, fingerprint, overwrite)
+    directory = check_output(output, fingerprint, overwrite, _DEFAULTS)
     generation = _generation_settings(recipe, loaded, overrides)
     return _Run(recipe, data_dir, directory, engine, loaded, generation)
 
@@ -908,11 +921,17 @@ def _training_data(run, train_files, seed):
         deterministic=True,
         max_length=recipe.max_length,
         repeat=True,
-        batch_multiple=engine.num_replicas if engine else 1,
+        batch_multiple=_batch_multiple(run),
     )
     if engine is not None:
         dataset = engine.shard_dataset(dataset)
     return tokenizer, dataset, trained
+
+
+def _batch_multiple(run):
+    """The recipe's ``batch_multiple`` and a multiple of the replicas."""
+    replicas = run.engine.num_replicas if run.engine else 1
+    return math.lcm(run.recipe.batch_multiple, replicas)
 
 
 def _validation_data(run, tokenizer, valid_files):
@@ -931,7 +950,7 @@ def _validation_data(run, tokenizer, valid_files):
         max_tokens=recipe.max_tokens,
         shuffle=False,
         max_length=recipe.max_length,
-        batch_multiple=engine.num_replicas if engine else 1,
+        batch_multiple=_batch_multiple(run),
     ).take(recipe.validation_batches)
     if engine is not None:
         dataset = engine.shard_dataset(dataset)

@@ -161,11 +161,14 @@ class RunDirectory:
         os.replace(temporary, os.path.join(self.path, name))
 
 
-def check_output(path, fingerprint, overwrite=False):
+def check_output(path, fingerprint, overwrite=False, defaults=None):
     """Checks, before any work, that ``path`` can take the run described
     by ``fingerprint``: a new or empty directory, a run with the same
     fingerprint (resumed), or with ``overwrite=True`` a run or translator
     directory of this package (replaced). Returns a `RunDirectory`.
+
+    ``defaults`` maps settings to their default values: a run recorded
+    before a setting existed resumes when the setting has its default.
 
     Raises:
         FileExistsError: ``path`` or a parent of it is a file.
@@ -206,7 +209,7 @@ def check_output(path, fingerprint, overwrite=False):
             f"recorded settings ({_names(significant)}); pass overwrite=True "
             "(--overwrite) to replace it, or another output (--output)."
         )
-    differences = _differences(old, fingerprint)
+    differences = _differences(old, fingerprint, defaults or {})
     if differences:
         raise ValueError(
             f"output={path!r} holds a run with other settings "
@@ -236,10 +239,14 @@ def _flatten(values, prefix=""):
     return flat
 
 
-def _differences(old, new):
+def _differences(old, new, defaults):
     """``"vocabulary_size is 600 in the run, 700 now"`` for each setting
-    that differs (a model argument as ``model.hidden_dim``)."""
+    that differs (a model argument as ``model.hidden_dim``); a setting
+    that the old run did not record had its value in ``defaults``."""
     old, new = _flatten(old), _flatten(new)
+    for key, value in defaults.items():
+        if f"settings.{key}" in new:
+            old.setdefault(f"settings.{key}", value)
     differences = []
     for key in sorted(set(old) | set(new)):
         if old.get(key, "<unset>") == new.get(key, "<unset>"):

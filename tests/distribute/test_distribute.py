@@ -282,18 +282,10 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     np.testing.assert_allclose(
         ranks[0]["checksum"], reference["checksum"], rtol=1e-5
     )
+    # Each rank logs the loss of the whole global batch, as one process
+    # does, not that of its own rows.
     for rank in ranks:
-        _assert_same_training(
-            {"losses": reference["losses"], "weights": rank["weights"]},
-            reference,
-        )
-    # Each rank's loss is its share of the global batch's; their mean is
-    # the loss of one process on the whole batch.
-    np.testing.assert_allclose(
-        np.mean([r["losses"] for r in ranks], axis=0),
-        reference["losses"],
-        rtol=1e-4,
-    )
+        _assert_same_training(rank, reference)
 
 
 @pytest.mark.slow

@@ -42,9 +42,16 @@ SETTINGS = {
 }
 
 
-def _train_command(output):
+def _train_command(output, launcher=(), distribute=True, **settings):
+    """The README's command; ``launcher`` is ``torchrun``'s arguments,
+    to start it under ``torchrun``; a run with ``distribute=False`` is one
+    process, with ``settings`` too."""
+    if launcher:
+        start = [sys.executable, "-m", "torch.distributed.run", *launcher]
+    else:
+        start = [sys.executable]
     return [
-        sys.executable,
+        *start,
         "-m",
         "keras_transformer.cli",
         "train",
@@ -58,9 +65,8 @@ def _train_command(output):
         "2",
         "--no-evaluate",
         "--quiet",
-        "--distribute",
-        "data",
-        *set_arguments(SETTINGS),
+        *(["--distribute", "data"] if distribute else []),
+        *set_arguments({**SETTINGS, **settings}),
     ]
 
 
@@ -117,13 +123,16 @@ def _weights(directory):
     return weights
 
 
-def _losses(directory):
+def _logs(directory):
+    """The logged training and validation loss and token accuracy of
+    each epoch."""
+    names = ("loss", "token_accuracy", "val_loss", "val_token_accuracy")
     with open(directory / "logs" / "training.csv") as file:
-        return [float(row["loss"]) for row in csv.DictReader(file)]
+        return [[float(row[n]) for n in names] for row in csv.DictReader(file)]
 
 
 def _assert_same_training(run, reference):
-    np.testing.assert_allclose(_losses(run), _losses(reference), rtol=1e-5)
+    np.testing.assert_allclose(_logs(run), _logs(reference), rtol=1e-5)
     got, want = _weights(run), _weights(reference)
     assert got.keys() == want.keys()
     largest = {}
@@ -180,3 +189,70 @@ def test_jax_two_processes_match_one_process(tmp_path):
     # The chief writes the run directory.
     assert (two / "model.weights.h5").is_file()
     _assert_same_training(two, one)
+
+
+def _torchrun(port, nodes, node_rank, processes):
+    """``torchrun``'s arguments for ``nodes`` hosts on 127.0.0.1, of
+    ``processes`` each."""
+    return [
+        "--nnodes",
+        str(nodes),
+        "--node_rank",
+        str(node_rank),
+        "--nproc_per_node",
+        str(processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+    ]
+
+
+@pytest.fixture(scope="module")
+def torch_one_process(tmp_path_factory):
+    """One process on the global batches of two replicas
+    (``batch_multiple=2``): the reference of the torch runs."""
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    one = tmp_path_factory.mktemp("torch") / "one"
+    command = _train_command(one, distribute=False, batch_multiple=2)
+    _run_processes([(command, _environment(OMP_NUM_THREADS="1"))])
+    return one
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.distributed")
+def test_torch_two_hosts_match_one_process(tmp_path, torch_one_process):
+    """``torchrun --nnodes 2 --node_rank 0|1`` on 127.0.0.1, one process
+    per host, as docs/distributed.md gives it."""
+    (port,) = _free_ports(1)
+    two = tmp_path / "two"
+    _run_processes(
+        [
+            (
+                _train_command(two, _torchrun(port, 2, rank, 1)),
+                _environment(OMP_NUM_THREADS="1"),
+            )
+            for rank in range(2)
+        ]
+    )
+    assert (two / "model.weights.h5").is_file()
+    # The other rank writes its own directory inside the run's, and holds
+    # the same weights.
+    other = _weights(two / "worker-1")
+    for name, value in _weights(two).items():
+        np.testing.assert_array_equal(other[name], value)
+    _assert_same_training(two, torch_one_process)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.distributed")
+def test_torch_one_host_two_processes_match_one_process(
+    tmp_path, torch_one_process
+):
+    """``torchrun --nproc_per_node 2``: two gloo processes on one host."""
+    (port,) = _free_ports(1)
+    run = tmp_path / "run"
+    command = _train_command(run, _torchrun(port, 1, 0, 2))
+    _run_processes([(command, _environment(OMP_NUM_THREADS="1"))])
+    _assert_same_training(run, torch_one_process)

@@ -265,6 +265,27 @@ def test_a_file_is_complete_or_absent(tmp_path):
     assert sorted(os.listdir(tmp_path / "run")) == [RUN_FILE, "tokenizer"]
 
 
+def test_a_run_recorded_before_a_setting_existed_resumes_at_its_default(
+    tmp_path,
+):
+    old = {"seed": 0, "settings": {"max_tokens": 512}}
+    check_output(tmp_path / "run", old).start()
+    defaults = {"batch_multiple": 1, "beam_size": 4}
+
+    def fingerprint(multiple):
+        return {
+            "seed": 0,
+            "settings": {"max_tokens": 512, "batch_multiple": multiple},
+        }
+
+    again = check_output(tmp_path / "run", fingerprint(1), False, defaults)
+    assert again.resume
+    with pytest.raises(
+        ValueError, match="batch_multiple is 1 in the run, 2 now"
+    ):
+        check_output(tmp_path / "run", fingerprint(2), False, defaults)
+
+
 # --- 3. every setting, split and path is checked before any work
 
 
