@@ -136,6 +136,18 @@ class Distribution:
             dataset = dataset.with_options(options)
         return dataset
 
+    def fit_input(self, dataset):
+        """What `fit` reads for a dataset of this process's rows
+        (`shard_dataset`): on TensorFlow with several workers, the rows go
+        to this worker's replicas as they are, without the split of each
+        worker's batch into one per replica of all workers that `fit`
+        would apply to a `tf.data.Dataset`; the dataset itself elsewhere."""
+        if self.backend != "tensorflow" or self.num_processes == 1:
+            return dataset
+        return self.engine.distribute_datasets_from_function(
+            lambda context: dataset
+        )
+
     def wrap_loss(self, loss):
         """``loss`` averaged over the real tokens of the global batch, not
         of each replica's rows (TensorFlow and PyTorch); as is on JAX."""
@@ -400,7 +412,7 @@ def _tensorflow(mode):
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
     if workers > 1:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = _multi_worker_strategy()
         resolver = strategy.cluster_resolver
         index = resolver.task_id
         if resolver.task_type == "worker" and "chief" in cluster:
@@ -413,6 +425,29 @@ def _tensorflow(mode):
         devices = [d.name for d in tf.config.list_logical_devices("CPU")]
     strategy = tf.distribute.MirroredStrategy(devices)
     return Distribution(mode, strategy.num_replicas_in_sync, 1, 0, strategy)
+
+
+def _multi_worker_strategy():
+    """`tf.distribute.MultiWorkerMirroredStrategy` whose `reduce` takes
+    what Keras's `fit` gives it on several workers: a nested structure (the
+    first batch, a tuple holding a dict of inputs, reduced to learn its
+    shapes), which `MirroredStrategy`'s `reduce` takes and this strategy's
+    cannot convert; and scalar metrics reduced over ``axis=0``, which for
+    a scalar is the mean over the replicas alone."""
+    import tensorflow as tf
+
+    class Strategy(tf.distribute.MultiWorkerMirroredStrategy):
+        def reduce(self, reduce_op, value, axis=None):
+            def one(leaf):
+                local = self.experimental_local_results(leaf)[0]
+                scalar = getattr(local, "shape", None) == ()
+                return super(Strategy, self).reduce(
+                    reduce_op, leaf, None if scalar else axis
+                )
+
+            return tf.nest.map_structure(one, value)
+
+    return Strategy()
 
 
 def _torch(mode):

@@ -234,6 +234,7 @@ def fit_resumable(
     steps_per_epoch,
     directory,
     callbacks=(),
+    fit_input=None,
     **fit_kwargs,
 ):
     """`model.fit` that survives being killed and continues where it was.
@@ -247,6 +248,9 @@ def fit_resumable(
     already consumed and goes on, ending with the weights an uninterrupted
     run would have.
 
+    ``fit_input``, when given, turns the dataset (with the consumed
+    batches skipped) into what ``fit`` reads (`Distribution.fit_input`).
+
     Returns the `History` of this call, or None if training had finished.
     """
     state = restore_training_state(model, directory)
@@ -259,6 +263,8 @@ def fit_resumable(
     skip = state["epoch"] * steps_per_epoch * batches_per_step
     if skip:
         dataset = dataset.skip(skip)
+    if fit_input is not None:
+        dataset = fit_input(dataset)
     return model.fit(
         dataset,
         epochs=epochs,

@@ -953,7 +953,7 @@ def _validation_data(run, tokenizer, valid_files):
         batch_multiple=_batch_multiple(run),
     ).take(recipe.validation_batches)
     if engine is not None:
-        dataset = engine.shard_dataset(dataset)
+        dataset = engine.fit_input(engine.shard_dataset(dataset))
     return dataset
 
 
@@ -981,6 +981,7 @@ def _fit(run, model, data, callbacks, verbose, best):
             steps_per_epoch=recipe.steps_per_epoch,
             directory=run.state,
             callbacks=callbacks,
+            fit_input=run.engine.fit_input if run.engine else None,
             verbose=verbose,
             validation_data=validation,
         )

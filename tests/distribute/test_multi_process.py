@@ -3,6 +3,7 @@ command of each engine against one process with the same global
 batches."""
 
 import csv
+import json
 import os
 import socket
 import subprocess
@@ -42,18 +43,28 @@ SETTINGS = {
 }
 
 
-def _train_command(output, launcher=(), distribute=True, **settings):
-    """The README's command; ``launcher`` is ``torchrun``'s arguments,
-    to start it under ``torchrun``; a run with ``distribute=False`` is one
-    process, with ``settings`` too."""
-    if launcher:
-        start = [sys.executable, "-m", "torch.distributed.run", *launcher]
-    else:
-        start = [sys.executable]
+# `keras-transformer` in a process whose CPU TensorFlow splits into two
+# logical devices (what two GPUs would be).
+TWO_LOGICAL_CPUS = """
+import sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+from keras_transformer import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _train_command(output, start=None, distribute=True, **settings):
+    """The README's command after ``start`` (by default
+    ``python -m keras_transformer.cli``); with ``distribute=False`` and
+    ``settings``, one process's."""
+    if start is None:
+        start = [sys.executable, "-m", "keras_transformer.cli"]
     return [
         *start,
-        "-m",
-        "keras_transformer.cli",
         "train",
         "--recipe",
         "multi30k_en_de",
@@ -192,9 +203,12 @@ def test_jax_two_processes_match_one_process(tmp_path):
 
 
 def _torchrun(port, nodes, node_rank, processes):
-    """``torchrun``'s arguments for ``nodes`` hosts on 127.0.0.1, of
+    """``torchrun`` of the command for ``nodes`` hosts on 127.0.0.1, of
     ``processes`` each."""
     return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         "--nnodes",
         str(nodes),
         "--node_rank",
@@ -205,6 +219,8 @@ def _torchrun(port, nodes, node_rank, processes):
         "127.0.0.1",
         "--master_port",
         str(port),
+        "-m",
+        "keras_transformer.cli",
     ]
 
 
@@ -256,3 +272,40 @@ def test_torch_one_host_two_processes_match_one_process(
     command = _train_command(run, _torchrun(port, 1, 0, 2))
     _run_processes([(command, _environment(OMP_NUM_THREADS="1"))])
     _assert_same_training(run, torch_one_process)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
+def test_tensorflow_two_workers_match_one_process(tmp_path):
+    """Two `MultiWorkerMirroredStrategy` workers (``TF_CONFIG`` of two
+    localhost ports, a CPU each) against one process whose
+    `MirroredStrategy` has two logical CPUs: the same global batches on
+    two replicas, started from the same weights."""
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    two = tmp_path / "two"
+    _run_processes(
+        [
+            (
+                _train_command(two),
+                _environment(
+                    TF_CONFIG=json.dumps(
+                        {
+                            "cluster": {"worker": workers},
+                            "task": {"type": "worker", "index": index},
+                        }
+                    )
+                ),
+            )
+            for index in range(2)
+        ]
+    )
+    one = tmp_path / "one"
+    start = [sys.executable, "-c", TWO_LOGICAL_CPUS]
+    _run_processes([(_train_command(one, start), _environment())])
+    assert (two / "model.weights.h5").is_file()
+    other = _weights(two / "worker-1")
+    for name, value in _weights(two).items():
+        np.testing.assert_array_equal(other[name], value)
+    _assert_same_training(two, one)
