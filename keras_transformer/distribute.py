@@ -232,6 +232,40 @@ class Distribution:
         )
         return bool(total.numpy() > 0)
 
+    def all_equal(self, value):
+        """Whether the integer ``value`` is the same in every process."""
+        if self.num_processes == 1:
+            return True
+        # Over n values, n * sum(v^2) == sum(v)^2 only if all are equal.
+        sums = self._sum_over_processes([1.0, value, value * value])
+        count, total, squares = (float(x) for x in sums)
+        return count * squares == total * total
+
+    def _sum_over_processes(self, values):
+        """``values`` (floats) summed over the processes (over the
+        replicas on TensorFlow, where each holds its process's)."""
+        values = np.asarray(values, "float64")
+        if self.backend == "torch":
+            import torch
+            import torch.distributed as dist
+
+            tensor = torch.tensor(values)
+            if dist.get_backend() == "nccl":
+                tensor = tensor.cuda()
+            dist.all_reduce(tensor)
+            return tensor.cpu().numpy()
+        if self.backend == "jax":
+            from jax.experimental import multihost_utils
+
+            return np.sum(multihost_utils.process_allgather(values), axis=0)
+        import tensorflow as tf
+
+        per_replica = self.engine.run(lambda: tf.constant(values))
+        total = self.engine.reduce(
+            tf.distribute.ReduceOp.SUM, per_replica, axis=None
+        )
+        return total.numpy()
+
     def barrier(self):
         """Waits until every process gets here."""
         if self.num_processes == 1:

@@ -235,6 +235,7 @@ def fit_resumable(
     directory,
     callbacks=(),
     fit_input=None,
+    restore_from=None,
     **fit_kwargs,
 ):
     """`model.fit` that survives being killed and continues where it was.
@@ -248,12 +249,15 @@ def fit_resumable(
     already consumed and goes on, ending with the weights an uninterrupted
     run would have.
 
-    ``fit_input``, when given, turns the dataset (with the consumed
-    batches skipped) into what ``fit`` reads (`Distribution.fit_input`).
+    ``restore_from`` is the directory to restore from when it is not
+    ``directory`` (the other processes of a distributed run restore the
+    first one's state). ``fit_input``, when given, turns the
+    dataset (with the consumed batches skipped) into what ``fit`` reads
+    (`Distribution.fit_input`).
 
     Returns the `History` of this call, or None if training had finished.
     """
-    state = restore_training_state(model, directory)
+    state = restore_training_state(model, restore_from or directory)
     batches_per_step = (
         getattr(model.optimizer, "gradient_accumulation_steps", None) or 1
     )

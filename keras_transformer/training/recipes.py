@@ -610,6 +610,15 @@ class _Run:
     def state(self):
         return os.path.join(self.output, "state")
 
+    @property
+    def resume_state(self):
+        """The training state a rerun restores: the first process's, in
+        every process of a distributed run (the others write theirs in
+        OUTPUT/worker-N too), so that all of them resume from one epoch."""
+        if self.engine is None or self.engine.is_chief:
+            return self.state
+        return os.path.join(os.path.dirname(self.output), "state")
+
 
 def _start_run(
     name, data_dir, output, seed, overwrite, devices, overrides, init=None
@@ -970,8 +979,9 @@ def _fit(run, model, data, callbacks, verbose, best):
 
     recipe = run.recipe
     dataset, validation = data
+    _check_same_state(run)
     if best is not None and best.exhausted:
-        restore_training_state(model, run.state)
+        restore_training_state(model, run.resume_state)
         return
     try:
         fit_resumable(
@@ -980,6 +990,7 @@ def _fit(run, model, data, callbacks, verbose, best):
             total_steps=recipe.max_steps,
             steps_per_epoch=recipe.steps_per_epoch,
             directory=run.state,
+            restore_from=run.resume_state,
             callbacks=callbacks,
             fit_input=run.engine.fit_input if run.engine else None,
             verbose=verbose,
@@ -990,9 +1001,27 @@ def _fit(run, model, data, callbacks, verbose, best):
         raise RunInterrupted(
             run.output,
             step=step,
-            resume_epoch=saved_epoch(run.state) + 1,
+            resume_epoch=saved_epoch(run.resume_state) + 1,
             epochs=math.ceil(recipe.max_steps / recipe.steps_per_epoch),
         ) from interrupt
+
+
+def _check_same_state(run):
+    """Raises, in every process of a distributed run, a one-line error
+    when they do not all find the same saved epoch to resume from."""
+    from keras_transformer.training.checkpoints import saved_epoch
+
+    if run.engine is None or run.engine.num_processes == 1:
+        return
+    epoch = saved_epoch(run.resume_state)
+    if not run.engine.all_equal(epoch):
+        raise ValueError(
+            f"Process {run.engine.process_index} finds the training state "
+            f"of epoch {epoch} in {run.resume_state}, and another process "
+            "another epoch: the processes of a run resume from the first "
+            "process's training state, so put the output directory "
+            "(--output) on a file system that every host shares."
+        )
 
 
 def _monitor(recipe):
@@ -1065,7 +1094,7 @@ def _logged_values(run, key):
     from keras_transformer.training.checkpoints import saved_epoch
 
     path = os.path.join(run.output, "logs", TRAINING_LOG)
-    done = saved_epoch(run.state)
+    done = saved_epoch(run.resume_state)
     if not done or not os.path.isfile(path):
         return []
     values = {}

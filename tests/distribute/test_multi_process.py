@@ -2,9 +2,12 @@
 command of each engine against one process with the same global
 batches."""
 
+import contextlib
 import csv
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +21,9 @@ from tests.conftest import MULTI30K, REPO_ROOT
 from tests.helpers import set_arguments
 
 BACKEND = keras.backend.backend()
+# The line Keras prints at the end of an epoch when the output is not a
+# terminal: "2/2 - 1s - 0.5s/step - learning_rate: ... - loss: ...".
+EPOCH_LINE = re.compile(r"\d+/\d+ - .*loss: ")
 TIMEOUT = 900
 MODEL = {
     "num_encoder_layers": 1,
@@ -309,3 +315,88 @@ def test_tensorflow_two_workers_match_one_process(tmp_path):
     for name, value in _weights(two).items():
         np.testing.assert_array_equal(other[name], value)
     _assert_same_training(two, one)
+
+
+def _kill_after_first_epochs(command, environment):
+    """Starts ``command`` (both ranks under one ``torchrun``) and kills it
+    and everything it started once two epoch lines are printed: by then
+    the first process has saved the first epoch's training state (the
+    ranks step together, and each prints after saving)."""
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if sum(bool(EPOCH_LINE.match(x)) for x in lines) >= 2:
+                break
+    finally:
+        # torchrun starts the ranks in sessions of their own.
+        for pid in [process.pid, *_descendants(process.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.communicate(timeout=TIMEOUT)
+    return "".join(lines)
+
+
+def _descendants(pid):
+    """The processes started by ``pid`` and by them, from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+                # The parent's id follows the command name in parentheses.
+                parent = int(stat.rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.distributed")
+def test_torch_two_processes_killed_and_resumed_end_as_uninterrupted(
+    tmp_path,
+):
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    # Each line as it is printed.
+    environment = _environment(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    steps = {"steps_per_epoch": 2, "checkpoint_every": 2, "average_last": 2}
+
+    def command(output, port):
+        arguments = _train_command(output, _torchrun(port, 1, 0, 2), **steps)
+        arguments[arguments.index("--max-steps") + 1] = "6"
+        arguments.remove("--quiet")
+        return arguments
+
+    whole = tmp_path / "whole"
+    _run_processes([(command(whole, _free_ports(1)[0]), environment)])
+    run = tmp_path / "run"
+    output = _kill_after_first_epochs(
+        command(run, _free_ports(1)[0]), environment
+    )
+    saved = json.loads((run / "state" / "training_state.json").read_text())
+    assert 1 <= saved["epoch"] < 3, output[-2000:]
+    assert not (run / "model.weights.h5").exists()
+    _run_processes([(command(run, _free_ports(1)[0]), environment)])
+    got, want = _weights(run), _weights(whole)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-5)
+    # Shown with `pytest -s`.
+    print(
+        f"resumed from epoch {saved['epoch']} of 3; largest weight "
+        f"difference {max(np.abs(got[n] - want[n]).max() for n in want):.2e}"
+    )
