@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 
 import keras
 import numpy as np
@@ -38,6 +39,10 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 MODES = ("data", "model")
+# How long a process waits for the others of a run to join before it
+# stops, in seconds (JAX's own limit is 300 s).
+JOIN_TIMEOUT_VARIABLE = "KERAS_TRANSFORMER_JOIN_TIMEOUT"
+DEFAULT_JOIN_TIMEOUT = 240
 
 # Weight paths (regular expressions that `LayoutMap` matches against the
 # whole `Variable.path`) and their
@@ -370,6 +375,73 @@ class GlobalTokenMean(keras.losses.Loss):
         return self.loss.call(y_true, y_pred)
 
 
+def join_timeout():
+    """Seconds a process waits for the others to join: the
+    ``KERAS_TRANSFORMER_JOIN_TIMEOUT`` variable, else 240."""
+    value = os.environ.get(JOIN_TIMEOUT_VARIABLE, "").strip()
+    if not value:
+        return DEFAULT_JOIN_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{JOIN_TIMEOUT_VARIABLE}={value!r} must be a positive number "
+            f"of seconds (default {DEFAULT_JOIN_TIMEOUT})."
+        )
+    return seconds
+
+
+# Run in a process of its own: TensorFlow waits for the other workers
+# inside a call that holds Python's lock, where no thread of the waiting
+# process would run. It stops the waiting process (its parent, while it
+# still is) after the timeout, with the message.
+_WATCHDOG = """
+import os, signal, sys, time
+parent, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+time.sleep(seconds)
+if os.getppid() == parent:
+    sys.stderr.write(message + "\\n")
+    sys.stderr.flush()
+    os.kill(parent, signal.SIGKILL)
+"""
+
+
+@contextlib.contextmanager
+def _joining(index, count, where, how):
+    """Stops the process with one line on stderr when the processes of
+    the run have not all joined within `join_timeout`: the engines would
+    wait forever (TensorFlow), abort with a trace (JAX) or wait half an
+    hour (torch). ``how(i)`` says how process ``i`` is started."""
+    import subprocess
+
+    timeout = join_timeout()
+    others = [i for i in range(count) if i != index]
+    missing = (
+        f"process {others[0]}"
+        if len(others) == 1
+        else f"one of processes {', '.join(map(str, others))}"
+    )
+    message = (
+        f"Process {index} of {count} waited {timeout:g} s at {where} for "
+        f"{missing}, which did not join: start it ({how(others[0])}"
+        f"{' and so on' if len(others) > 1 else ''}), or wait longer with "
+        f"{JOIN_TIMEOUT_VARIABLE}=SECONDS."
+    )
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout)]
+        + [message],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+
+
 def _check_mode(mode):
     if mode not in MODES:
         raise ValueError(
@@ -399,9 +471,17 @@ def _model_axis_size(num_devices, model_parallel, divides):
 def _jax(mode, model_parallel, divides):
     import jax
 
-    if int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1")) > 1:
-        # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES and _PROCESS_ID too.
-        keras.distribution.initialize()
+    count = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1"))
+    if count > 1:
+        addresses = os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES", "")
+        with _joining(
+            int(os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID", "0")),
+            count,
+            addresses.split(",")[0] or "the coordinator",
+            lambda i: f"the command with KERAS_DISTRIBUTION_PROCESS_ID={i}",
+        ):
+            # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES and _PROCESS_ID too.
+            keras.distribution.initialize()
     devices = keras.distribution.list_devices()
     # Each process reads its own rows of every global batch
     # (`Distribution.shard_dataset`), so Keras is not to shard the
@@ -443,14 +523,22 @@ def _tensorflow(mode):
             "backend only (keras.distribution.ModelParallel). Use "
             "KERAS_BACKEND=jax, or distribute='data' on TensorFlow."
         )
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+    config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+    hosts = cluster.get("chief", []) + cluster.get("worker", [])
+    workers = len(hosts)
     if workers > 1:
-        strategy = _multi_worker_strategy()
-        resolver = strategy.cluster_resolver
-        index = resolver.task_id
-        if resolver.task_type == "worker" and "chief" in cluster:
+        # The chief, when the cluster names one, is process 0.
+        index = int(task.get("index", 0))
+        if task.get("type") == "worker" and "chief" in cluster:
             index += 1
+        with _joining(
+            index,
+            workers,
+            ", ".join(hosts),
+            lambda i: f"the same command with the TF_CONFIG of process {i}",
+        ):
+            strategy = _multi_worker_strategy()
         return Distribution(
             mode, strategy.num_replicas_in_sync, workers, index, strategy
         )
@@ -505,7 +593,18 @@ def _torch(mode):
     if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        address = (
+            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        )
+        with _joining(
+            int(os.environ.get("RANK", "0")),
+            world,
+            address,
+            lambda i: f"RANK={i}, or torchrun's --node_rank",
+        ):
+            dist.init_process_group(
+                "nccl" if torch.cuda.is_available() else "gloo"
+            )
     return Distribution(
         mode, dist.get_world_size(), dist.get_world_size(), dist.get_rank()
     )

@@ -151,6 +151,50 @@ def test_unknown_mode_and_model_parallel_off_jax():
             distribute.get_distribution("model")
 
 
+@pytest.mark.skipif(BACKEND == "jax", reason="model parallel runs on JAX")
+def test_train_command_says_model_parallelism_is_jaxs(tmp_path, capsys):
+    from keras_transformer import cli
+    from tests.conftest import MULTI30K
+
+    output = tmp_path / "run"
+    status = cli.main(
+        [
+            "train",
+            "--recipe",
+            "multi30k_en_de",
+            "--data-dir",
+            str(MULTI30K),
+            "--output",
+            str(output),
+            "--distribute",
+            "model",
+        ]
+    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    name = {"torch": "torch", "tensorflow": "TensorFlow"}[BACKEND]
+    assert status == 1
+    assert lines == [
+        "keras-transformer train: error: distribute='model' (model "
+        "parallel) is available on the JAX backend only "
+        "(keras.distribution.ModelParallel). Use KERAS_BACKEND=jax, or "
+        f"distribute='data' on {name}."
+    ]
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan"])
+def test_a_bad_join_timeout_is_one_line(monkeypatch, value):
+    monkeypatch.setenv("KERAS_TRANSFORMER_JOIN_TIMEOUT", value)
+    with pytest.raises(ValueError) as error:
+        distribute.join_timeout()
+    assert str(error.value) == (
+        f"KERAS_TRANSFORMER_JOIN_TIMEOUT={value!r} must be a positive "
+        "number of seconds (default 240)."
+    )
+    monkeypatch.setenv("KERAS_TRANSFORMER_JOIN_TIMEOUT", "12.5")
+    assert distribute.join_timeout() == 12.5
+
+
 def test_train_command_takes_distribute():
     from keras_transformer import cli
 
