@@ -482,6 +482,14 @@ def _jax(mode, model_parallel, divides):
         ):
             # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES and _PROCESS_ID too.
             keras.distribution.initialize()
+    if mode == "model" and jax.process_count() > 1:
+        raise ValueError(
+            "distribute='model' runs on the devices of one process here: "
+            "across several processes its checkpoints would need the "
+            "weights sharded on the other processes' devices, which are "
+            "not gathered yet. Use distribute='data' across processes, or "
+            "'model' on one host's devices."
+        )
     devices = keras.distribution.list_devices()
     # Each process reads its own rows of every global batch
     # (`Distribution.shard_dataset`), so Keras is not to shard the

@@ -63,7 +63,9 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def _train_command(output, start=None, distribute=True, **settings):
+def _train_command(
+    output, start=None, distribute=True, mode="data", **settings
+):
     """The README's command after ``start`` (by default
     ``python -m keras_transformer.cli``); with ``distribute=False`` and
     ``settings``, one process's."""
@@ -82,7 +84,7 @@ def _train_command(output, start=None, distribute=True, **settings):
         "2",
         "--no-evaluate",
         "--quiet",
-        *(["--distribute", "data"] if distribute else []),
+        *(["--distribute", mode] if distribute else []),
         *set_arguments({**SETTINGS, **settings}),
     ]
 
@@ -400,3 +402,117 @@ def test_torch_two_processes_killed_and_resumed_end_as_uninterrupted(
         f"resumed from epoch {saved['epoch']} of 3; largest weight "
         f"difference {max(np.abs(got[n] - want[n]).max() for n in want):.2e}"
     )
+
+
+def _alone(port, other_port):
+    """The environment of process 0 of two whose peer never starts."""
+    if BACKEND == "jax":
+        return {
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": (
+                f"127.0.0.1:{port},127.0.0.1:{other_port}"
+            ),
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+            "KERAS_DISTRIBUTION_PROCESS_ID": "0",
+        }
+    if BACKEND == "tensorflow":
+        workers = [f"127.0.0.1:{port}", f"127.0.0.1:{other_port}"]
+        return {
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": {"worker": workers},
+                    "task": {"type": "worker", "index": 0},
+                }
+            )
+        }
+    # The variables torchrun sets, as other launchers (srun) do.
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+@pytest.mark.slow
+def test_a_process_whose_peer_never_starts_stops_in_one_line(tmp_path):
+    """Process 0 of two, started alone, stops after the join timeout with
+    one line naming the missing process, the timeout and the fix, instead
+    of waiting forever (TensorFlow), aborting with a stack trace (JAX) or
+    waiting half an hour (torch)."""
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    port, other = _free_ports(2)
+    output = tmp_path / "run"
+    process = subprocess.run(
+        _train_command(output),
+        cwd=REPO_ROOT,
+        env=_environment(
+            KERAS_TRANSFORMER_JOIN_TIMEOUT="5", **_alone(port, other)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    # The watchdog stops it as a kill would (exit status 137 in a shell).
+    assert process.returncode == -signal.SIGKILL, process.stderr[-3000:]
+    where = {
+        "jax": f"127.0.0.1:{port}",
+        "tensorflow": f"127.0.0.1:{port}, 127.0.0.1:{other}",
+        "torch": f"127.0.0.1:{port}",
+    }[BACKEND]
+    how = {
+        "jax": "the command with KERAS_DISTRIBUTION_PROCESS_ID=1",
+        "tensorflow": "the same command with the TF_CONFIG of process 1",
+        "torch": "RANK=1, or torchrun's --node_rank",
+    }[BACKEND]
+    assert process.stderr.strip().splitlines()[-1] == (
+        f"Process 0 of 2 waited 5 s at {where} for process 1, which did "
+        f"not join: start it ({how}), or wait longer with "
+        "KERAS_TRANSFORMER_JOIN_TIMEOUT=SECONDS."
+    )
+    # Stopped before any work: nothing written.
+    assert not output.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's multi-process engine")
+def test_jax_model_parallel_across_processes_is_refused_in_one_line(
+    tmp_path,
+):
+    """``--distribute model`` spans one process's devices: across two, the
+    sharded weights could not be saved, so both processes stop before any
+    work, with one line."""
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    addresses = ",".join(f"127.0.0.1:{port}" for port in _free_ports(2))
+    output = tmp_path / "run"
+    processes = [
+        subprocess.Popen(
+            _train_command(output, mode="model"),
+            cwd=REPO_ROOT,
+            env=_environment(
+                XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                KERAS_DISTRIBUTION_JOB_ADDRESSES=addresses,
+                KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+                KERAS_DISTRIBUTION_PROCESS_ID=str(index),
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    for process in processes:
+        errors = process.communicate(timeout=TIMEOUT)[1]
+        assert process.returncode == 1, errors[-3000:]
+        assert errors.strip().splitlines()[-1] == (
+            "keras-transformer train: error: distribute='model' runs on the "
+            "devices of one process here: across several processes its "
+            "checkpoints would need the weights sharded on the other "
+            "processes' devices, which are not gathered yet. Use "
+            "distribute='data' across processes, or 'model' on one host's "
+            "devices."
+        )
+    assert not output.exists()
