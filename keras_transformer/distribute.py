@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import sys
+import weakref
 
 import keras
 import numpy as np
@@ -86,10 +87,22 @@ class Distribution:
             workers or ``torchrun`` ranks) and this one's index.
         engine: the backend object (a `keras.distribution.Distribution`,
             a `tf.distribute.Strategy`, or None on torch).
+        data_slices: the parts each global batch is cut into, one per
+            process unless the processes share a part (JAX
+            ``distribute='model'``, whose devices of one batch index
+            span several processes), and ``data_slice``, this
+            process's.
     """
 
     def __init__(
-        self, mode, num_replicas, num_processes=1, process_index=0, engine=None
+        self,
+        mode,
+        num_replicas,
+        num_processes=1,
+        process_index=0,
+        engine=None,
+        data_slices=None,
+        data_slice=None,
     ):
         self.mode = mode
         self.backend = keras.backend.backend()
@@ -97,6 +110,12 @@ class Distribution:
         self.num_processes = int(num_processes)
         self.process_index = int(process_index)
         self.engine = engine
+        self.data_slices = int(
+            num_processes if data_slices is None else data_slices
+        )
+        self.data_slice = int(
+            process_index if data_slice is None else data_slice
+        )
 
     @property
     def is_chief(self):
@@ -121,11 +140,11 @@ class Distribution:
     def shard_dataset(self, dataset):
         """This process's rows of each global batch of a tf.data dataset of
         ``(inputs, labels, sample_weight)`` (all of it in one process)."""
-        if self.num_processes == 1:
+        if self.data_slices == 1:
             return dataset
         import tensorflow as tf
 
-        processes, index = self.num_processes, self.process_index
+        processes, index = self.data_slices, self.data_slice
 
         def rows(x):
             size = tf.shape(x)[0] // processes
@@ -291,6 +310,75 @@ class Distribution:
                     tf.distribute.ReduceOp.SUM, tf.constant(1.0)
                 )
             )
+
+
+def whole_copy(model, optimizer=False):
+    """``model`` itself, or, where its weights are split over the devices
+    of several processes (JAX ``distribute='model'`` across hosts), a
+    copy of it on this process's default device holding them whole,
+    with a copy of its optimizer's state when ``optimizer`` is True:
+    what saving, averaging and translating work on. JAX fetches no part
+    of an array that another process holds.
+
+    Every process of such a run must call it at the same point, as it
+    gathers the parts from all of them. The copy is made once per model
+    and refilled on each call.
+    """
+    if not _split_over_processes(model):
+        return model
+    from jax.experimental import multihost_utils
+
+    copy = _WHOLE_COPIES.get(model)
+    if copy is None or (optimizer and copy.optimizer is None):
+        with on_this_process():
+            copy = model.__class__.from_config(model.get_config())
+            if optimizer:
+                config = model.optimizer.get_config()
+                copy.compile(optimizer=model.optimizer.from_config(config))
+                copy.optimizer.build(copy.trainable_variables)
+        _WHOLE_COPIES[model] = copy
+    pairs = list(zip(model.variables, copy.variables, strict=True))
+    if optimizer:
+        pairs += zip(
+            model.optimizer.variables, copy.optimizer.variables, strict=True
+        )
+    with on_this_process():
+        for source, target in pairs:
+            value = source.value
+            if not (value.is_fully_addressable or value.is_fully_replicated):
+                value = multihost_utils.process_allgather(value, tiled=True)
+            target.assign(np.asarray(value))
+    return copy
+
+
+_WHOLE_COPIES = weakref.WeakKeyDictionary()
+
+
+def _split_over_processes(model):
+    """Whether some weight of ``model`` has parts on other processes."""
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    if jax.process_count() == 1:
+        return False
+    return any(
+        not (v.value.is_fully_addressable or v.value.is_fully_replicated)
+        for v in model.variables
+    )
+
+
+@contextlib.contextmanager
+def on_this_process():
+    """Variables made within it live on this process's default device,
+    outside Keras's global distribution (`keras.distribution.
+    set_distribution`), which is put back on leaving."""
+    engine = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(engine)
 
 
 def global_metrics(model):
@@ -482,14 +570,6 @@ def _jax(mode, model_parallel, divides):
         ):
             # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES and _PROCESS_ID too.
             keras.distribution.initialize()
-    if mode == "model" and jax.process_count() > 1:
-        raise ValueError(
-            "distribute='model' runs on the devices of one process here: "
-            "across several processes its checkpoints would need the "
-            "weights sharded on the other processes' devices, which are "
-            "not gathered yet. Use distribute='data' across processes, or "
-            "'model' on one host's devices."
-        )
     devices = keras.distribution.list_devices()
     # Each process reads its own rows of every global batch
     # (`Distribution.shard_dataset`), so Keras is not to shard the
@@ -515,9 +595,37 @@ def _jax(mode, model_parallel, divides):
         replicas = len(devices) // model
     # Global, not only in `scope`: `fit` lays out each batch with it.
     keras.distribution.set_distribution(engine)
+    grid = np.array(jax.devices()).reshape(replicas, -1)
     return Distribution(
-        mode, replicas, jax.process_count(), jax.process_index(), engine
+        mode,
+        replicas,
+        jax.process_count(),
+        jax.process_index(),
+        engine,
+        *_data_slices(grid, jax.process_index()),
     )
+
+
+def _data_slices(grid, process):
+    """How many parts of each global batch the processes read, and which
+    part ``process`` reads, on a ``(batch, model)`` grid of JAX devices:
+    a process reads the rows of the batch indices its devices hold (all
+    of them when one batch index spans every process)."""
+    rows = [
+        b
+        for b in range(grid.shape[0])
+        if any(device.process_index == process for device in grid[b])
+    ]
+    if rows != list(range(rows[0], rows[0] + len(rows))) or (
+        grid.shape[0] % len(rows)
+    ):
+        raise ValueError(
+            f"Process {process} holds batch indices {rows} of the "
+            f"{grid.shape[0]} of the device mesh: each process must hold "
+            "an equal run of them. Give every process the same number of "
+            "devices."
+        )
+    return grid.shape[0] // len(rows), rows[0] // len(rows)
 
 
 def _tensorflow(mode):
@@ -689,5 +797,7 @@ __all__ = [
     "get_distribution",
     "layout_map",
     "sharding_specs",
+    "on_this_process",
     "weights_checksum",
+    "whole_copy",
 ]

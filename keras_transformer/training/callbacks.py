@@ -7,6 +7,8 @@ import time
 
 import keras
 
+from keras_transformer.training.checkpoints import save_weights
+
 
 class TimeLimit(keras.callbacks.Callback):
     """Stops training so that it ends within ``max_minutes`` of wall-clock
@@ -155,7 +157,7 @@ class BleuCallback(keras.callbacks.Callback):
                 os.makedirs(
                     os.path.dirname(self.best_path) or ".", exist_ok=True
                 )
-                self.model.save_weights(self.best_path, overwrite=True)
+                save_weights(self.model, self.best_path)
 
 
 class KeepBest(keras.callbacks.Callback):
@@ -231,7 +233,7 @@ class KeepBest(keras.callbacks.Callback):
             )
         if self._update(epoch, float(value)):
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.model.save_weights(self.path, overwrite=True)
+            save_weights(self.model, self.path)
         if self.exhausted:
             self.stopped_early = True
             self.model.stop_training = True

@@ -8,11 +8,20 @@ import keras
 import numpy as np
 
 from keras_transformer import backends
+from keras_transformer.distribute import whole_copy
 from keras_transformer.io_utils import read_json, write_json
 
 CHECKPOINT_PATTERN = "step-{step:08d}.weights.h5"
 STATE_WEIGHTS = "training_state.weights.h5"
 STATE_JSON = "training_state.json"
+
+
+def save_weights(model, path):
+    """``model.save_weights(path)``, whole in a run whose weights are split
+    over several hosts (`whole_copy`), where every process calls it at
+    the same point."""
+    optimizer = getattr(model, "optimizer", None) is not None
+    whole_copy(model, optimizer).save_weights(path, overwrite=True)
 
 
 def _step(model):
@@ -72,7 +81,7 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         path = os.path.join(
             self.directory, CHECKPOINT_PATTERN.format(step=step)
         )
-        self.model.save_weights(path, overwrite=True)
+        save_weights(self.model, path)
         for old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
 
@@ -154,7 +163,7 @@ def save_training_state(model, directory, epoch):
     os.makedirs(directory, exist_ok=True)
     weights = os.path.join(directory, STATE_WEIGHTS)
     temporary = os.path.join(directory, "partial." + STATE_WEIGHTS)
-    model.save_weights(temporary, overwrite=True)
+    save_weights(model, temporary)
     os.replace(temporary, weights)
     state = {
         "step": _step(model),

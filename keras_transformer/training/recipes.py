@@ -857,6 +857,11 @@ def _compiled_model(run):
             loss=engine.wrap_loss(loss) if engine else loss,
             metrics=[MaskedAccuracy(**pad), Perplexity(**pad)],
         )
+        if engine is not None:
+            # Built in the engine's scope, where a resumed run loads the
+            # optimizer's state into it: TensorFlow makes a strategy's
+            # variables only there.
+            model.optimizer.build(model.trainable_variables)
     if engine is not None:
         engine.prepare(model)
     return model
@@ -1119,6 +1124,7 @@ def _finish(
     """Averages the last checkpoints (section 6.1), saves the translator,
     evaluates it on the test pairs (unless None) and writes
     ``results.json``."""
+    from keras_transformer.distribute import on_this_process, whole_copy
     from keras_transformer.generation import Translator
     from keras_transformer.training import (
         average_checkpoints,
@@ -1127,14 +1133,21 @@ def _finish(
 
     recipe = run.recipe
     steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    local = whole_copy(model)
     to_average = list_checkpoints(run.checkpoints)[-recipe.average_last :]
-    if len(to_average) > 1:
-        average_checkpoints(model, to_average)
-    translator = Translator(model, tokenizer, **run.generation)
-    translator.save(run.output)
     bleu = signature = None
-    if test_pairs is not None:
-        bleu, signature = _test_bleu(run, translator, test_pairs)
+    # Weights split over several hosts are averaged, saved and evaluated
+    # in a whole copy on this process's device, as the checkpoints hold
+    # them whole.
+    place = contextlib.nullcontext() if local is model else on_this_process()
+    model = local
+    with place:
+        if len(to_average) > 1:
+            average_checkpoints(model, to_average)
+        translator = Translator(model, tokenizer, **run.generation)
+        translator.save(run.output)
+        if test_pairs is not None:
+            bleu, signature = _test_bleu(run, translator, test_pairs)
     summary = RunSummary(
         recipe=recipe.name,
         output=run.output,

@@ -25,6 +25,7 @@ BACKEND = keras.backend.backend()
 # terminal: "2/2 - 1s - 0.5s/step - learning_rate: ... - loss: ...".
 EPOCH_LINE = re.compile(r"\d+/\d+ - .*loss: ")
 TIMEOUT = 900
+DEVICES = "--xla_force_host_platform_device_count={}"
 MODEL = {
     "num_encoder_layers": 1,
     "num_decoder_layers": 1,
@@ -60,6 +61,34 @@ tf.config.set_logical_device_configuration(
 )
 from keras_transformer import cli
 sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+# `run_recipe`, as `keras-transformer train` calls it, with a callback that
+# writes where each weight is when training begins: the processes whose
+# devices hold its parts, the shape of one of this process's parts, and
+# its whole shape.
+SHARDINGS_REPORTED = """
+import json, sys
+import keras
+from keras_transformer.training import run_recipe
+
+class Report(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        report = {
+            v.path: {
+                "processes": sorted(
+                    {d.process_index for d in v.value.sharding.device_set}
+                ),
+                "part": list(v.value.addressable_shards[0].data.shape),
+                "shape": list(v.shape),
+            }
+            for v in self.model.weights
+        }
+        with open(sys.argv[1], "w") as file:
+            json.dump(report, file)
+
+run_recipe(callbacks=[Report()], **json.loads(sys.argv[2]))
 """
 
 
@@ -100,6 +129,18 @@ def _environment(**extra):
         **extra,
     )
     return environment
+
+
+def _jax_environment(addresses, index, **extra):
+    """Process ``index`` of two JAX processes at ``addresses``, with two
+    simulated CPU devices each."""
+    return _environment(
+        XLA_FLAGS=DEVICES.format(2),
+        KERAS_DISTRIBUTION_JOB_ADDRESSES=addresses,
+        KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+        KERAS_DISTRIBUTION_PROCESS_ID=str(index),
+        **extra,
+    )
 
 
 def _free_ports(count):
@@ -184,12 +225,7 @@ def test_jax_two_processes_match_one_process(tmp_path):
         [
             (
                 _train_command(two),
-                _environment(
-                    XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                    KERAS_DISTRIBUTION_JOB_ADDRESSES=addresses,
-                    KERAS_DISTRIBUTION_NUM_PROCESSES="2",
-                    KERAS_DISTRIBUTION_PROCESS_ID=str(index),
-                ),
+                _jax_environment(addresses, index),
             )
             for index in range(2)
         ]
@@ -199,9 +235,7 @@ def test_jax_two_processes_match_one_process(tmp_path):
         [
             (
                 _train_command(one),
-                _environment(
-                    XLA_FLAGS="--xla_force_host_platform_device_count=4"
-                ),
+                _environment(XLA_FLAGS=DEVICES.format(4)),
             )
         ]
     )
@@ -319,32 +353,43 @@ def test_tensorflow_two_workers_match_one_process(tmp_path):
     _assert_same_training(two, one)
 
 
-def _kill_after_first_epochs(command, environment):
-    """Starts ``command`` (both ranks under one ``torchrun``) and kills it
-    and everything it started once two epoch lines are printed: by then
-    the first process has saved the first epoch's training state (the
-    ranks step together, and each prints after saving)."""
-    process = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+def _kill_after_first_epochs(commands_and_environments, logs):
+    """Starts the commands (the processes of one run) and kills them and
+    everything they started once the first has printed two epoch lines:
+    by then it has saved the first epoch's training state (the processes
+    step together, and each prints after saving). The others write to
+    files in ``logs``. Returns the first's output."""
+    processes = []
+    for index, (command, environment) in enumerate(commands_and_environments):
+        output = subprocess.PIPE
+        if index:
+            output = open(logs / f"process-{index}.log", "w")  # noqa: SIM115
+        processes.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO_ROOT,
+                env=environment,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+        if index:
+            output.close()
     lines = []
     try:
-        for line in process.stdout:
+        for line in processes[0].stdout:
             lines.append(line)
             if sum(bool(EPOCH_LINE.match(x)) for x in lines) >= 2:
                 break
     finally:
         # torchrun starts the ranks in sessions of their own.
-        for pid in [process.pid, *_descendants(process.pid)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        process.communicate(timeout=TIMEOUT)
+        for process in processes:
+            for pid in [process.pid, *_descendants(process.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.communicate(timeout=TIMEOUT)
     return "".join(lines)
 
 
@@ -366,33 +411,67 @@ def _descendants(pid):
     return found
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(BACKEND != "torch", reason="torch.distributed")
-def test_torch_two_processes_killed_and_resumed_end_as_uninterrupted(
-    tmp_path,
-):
-    if not (MULTI30K / "train.en").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
-    # Each line as it is printed.
-    environment = _environment(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    steps = {"steps_per_epoch": 2, "checkpoint_every": 2, "average_last": 2}
+def _two_processes(output, max_steps, **settings):
+    """The README's multi-host command of this backend's engine for two
+    processes on this host, as (command, environment) pairs, with each
+    line printed as it comes: on JAX with ``--distribute model`` over a
+    mesh that spans both processes (two devices each), so that its
+    sharded weights are saved whole and restored across processes."""
+    printed = {"PYTHONUNBUFFERED": "1"}
 
-    def command(output, port):
-        arguments = _train_command(output, _torchrun(port, 1, 0, 2), **steps)
-        arguments[arguments.index("--max-steps") + 1] = "6"
+    def command(start=None, mode="data"):
+        arguments = _train_command(output, start, mode=mode, **settings)
+        arguments[arguments.index("--max-steps") + 1] = str(max_steps)
         arguments.remove("--quiet")
         return arguments
 
+    if BACKEND == "torch":
+        start = _torchrun(_free_ports(1)[0], 1, 0, 2)
+        return [(command(start), _environment(OMP_NUM_THREADS="1", **printed))]
+    if BACKEND == "jax":
+        addresses = ",".join(f"127.0.0.1:{p}" for p in _free_ports(2))
+        return [
+            (
+                command(mode="model"),
+                _jax_environment(addresses, index, **printed),
+            )
+            for index in range(2)
+        ]
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    return [
+        (
+            command(),
+            _environment(
+                TF_CONFIG=json.dumps(
+                    {
+                        "cluster": {"worker": workers},
+                        "task": {"type": "worker", "index": index},
+                    }
+                ),
+                **printed,
+            ),
+        )
+        for index in range(2)
+    ]
+
+
+@pytest.mark.slow
+def test_two_processes_killed_and_resumed_end_as_uninterrupted(tmp_path):
+    """A two-process run killed (SIGKILL, every process) after its first
+    epoch's training state, then started again with the same command,
+    ends with the weights of an uninterrupted two-process run."""
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    steps = {"steps_per_epoch": 2, "checkpoint_every": 2, "average_last": 2}
+    steps["max_steps"] = 6
     whole = tmp_path / "whole"
-    _run_processes([(command(whole, _free_ports(1)[0]), environment)])
+    _run_processes(_two_processes(whole, **steps))
     run = tmp_path / "run"
-    output = _kill_after_first_epochs(
-        command(run, _free_ports(1)[0]), environment
-    )
+    output = _kill_after_first_epochs(_two_processes(run, **steps), tmp_path)
     saved = json.loads((run / "state" / "training_state.json").read_text())
     assert 1 <= saved["epoch"] < 3, output[-2000:]
     assert not (run / "model.weights.h5").exists()
-    _run_processes([(command(run, _free_ports(1)[0]), environment)])
+    _run_processes(_two_processes(run, **steps))
     got, want = _weights(run), _weights(whole)
     assert got.keys() == want.keys()
     for name in want:
@@ -408,7 +487,7 @@ def _alone(port, other_port):
     """The environment of process 0 of two whose peer never starts."""
     if BACKEND == "jax":
         return {
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+            "XLA_FLAGS": DEVICES.format(2),
             "KERAS_DISTRIBUTION_JOB_ADDRESSES": (
                 f"127.0.0.1:{port},127.0.0.1:{other_port}"
             ),
@@ -476,43 +555,97 @@ def test_a_process_whose_peer_never_starts_stops_in_one_line(tmp_path):
     assert not output.exists()
 
 
+def _recipe_with_shardings_reported(output, report):
+    """`run_recipe` of `_train_command`'s settings with ``--distribute
+    model``, writing the weights' placement to ``report``."""
+    arguments = {
+        "name": "multi30k_en_de",
+        "data_dir": str(MULTI30K),
+        "output": str(output),
+        "max_steps": 2,
+        "test_limit": 6,
+        "verbose": 0,
+        "distribute": "model",
+        **SETTINGS,
+    }
+    return [
+        sys.executable,
+        "-c",
+        SHARDINGS_REPORTED,
+        str(report),
+        json.dumps(arguments),
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(BACKEND != "jax", reason="JAX's multi-process engine")
-def test_jax_model_parallel_across_processes_is_refused_in_one_line(
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's model parallelism")
+def test_jax_model_parallel_across_two_processes_matches_one_process(
     tmp_path,
 ):
-    """``--distribute model`` spans one process's devices: across two, the
-    sharded weights could not be saved, so both processes stop before any
-    work, with one line."""
+    """A (batch 1, model 4) mesh over two processes of two devices each:
+    every sharded weight has a quarter on each device, two of them on
+    each process; both processes read every row of each batch, and the
+    run trains as one process on four devices does."""
+    from keras_transformer.distribute import LAYOUTS
+
     if not (MULTI30K / "train.en").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     addresses = ",".join(f"127.0.0.1:{port}" for port in _free_ports(2))
-    output = tmp_path / "run"
-    processes = [
-        subprocess.Popen(
-            _train_command(output, mode="model"),
-            cwd=REPO_ROOT,
-            env=_environment(
-                XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                KERAS_DISTRIBUTION_JOB_ADDRESSES=addresses,
-                KERAS_DISTRIBUTION_NUM_PROCESSES="2",
-                KERAS_DISTRIBUTION_PROCESS_ID=str(index),
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for index in range(2)
-    ]
-    for process in processes:
-        errors = process.communicate(timeout=TIMEOUT)[1]
-        assert process.returncode == 1, errors[-3000:]
-        assert errors.strip().splitlines()[-1] == (
-            "keras-transformer train: error: distribute='model' runs on the "
-            "devices of one process here: across several processes its "
-            "checkpoints would need the weights sharded on the other "
-            "processes' devices, which are not gathered yet. Use "
-            "distribute='data' across processes, or 'model' on one host's "
-            "devices."
-        )
-    assert not output.exists()
+    two = tmp_path / "two"
+    _run_processes(
+        [
+            (
+                _recipe_with_shardings_reported(
+                    two, tmp_path / f"shardings-{index}.json"
+                ),
+                _jax_environment(addresses, index),
+            )
+            for index in range(2)
+        ]
+    )
+    one = tmp_path / "one"
+    _run_processes(
+        [
+            (
+                _recipe_with_shardings_reported(
+                    one, tmp_path / "shardings-one.json"
+                ),
+                _environment(XLA_FLAGS=DEVICES.format(4)),
+            )
+        ]
+    )
+    alone = json.loads((tmp_path / "shardings-one.json").read_text())
+    for index in range(2):
+        report = json.loads((tmp_path / f"shardings-{index}.json").read_text())
+        assert report.keys() == alone.keys()
+        sharded = {
+            name: axes
+            for name in report
+            for pattern, axes in LAYOUTS.items()
+            if re.fullmatch(pattern, name)
+        }
+        # In each of the three attention layers: query, key and value
+        # kernels and biases and the output kernel; two feed-forward
+        # kernels and a bias in each of the two layers; the embeddings.
+        assert len(sharded) >= 3 * 7 + 2 * 3 + 1, sorted(report)
+        for name, placement in report.items():
+            assert placement["processes"] == [0, 1], (name, placement)
+            # The same four-way split as on one process's four devices.
+            assert placement["part"] == alone[name]["part"], name
+        for name, axes in sharded.items():
+            expected = [
+                size // 4 if axis == "model" else size
+                for size, axis in zip(report[name]["shape"], axes, strict=True)
+            ]
+            assert report[name]["part"] == expected, (name, report[name])
+    assert (two / "model.weights.h5").is_file()
+    _assert_same_training(two, one)
+    # Each process evaluates on its whole copy of the weights: the same
+    # translations as the saved translator gives in this process.
+    from keras_transformer.generation import Translator
+
+    sources = (MULTI30K / "test.en").read_text().splitlines()[:6]
+    expected = Translator.from_pretrained(two).translate(sources)
+    for directory in (two, two / "worker-1"):
+        translations = (directory / "test_translations.txt").read_text()
+        assert translations.splitlines() == expected, directory
