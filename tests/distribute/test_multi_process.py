@@ -321,8 +321,9 @@ def test_torch_one_host_two_processes_match_one_process(
 def test_tensorflow_two_workers_match_one_process(tmp_path):
     """Two `MultiWorkerMirroredStrategy` workers (``TF_CONFIG`` of two
     localhost ports, a CPU each) against one process whose
-    `MirroredStrategy` has two logical CPUs: the same global batches on
-    two replicas, started from the same weights."""
+    `MirroredStrategy` has two logical CPUs, and that against one device
+    (``batch_multiple=2``): the same global batches, started from the
+    same weights."""
     if not (MULTI30K / "train.en").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
@@ -351,6 +352,13 @@ def test_tensorflow_two_workers_match_one_process(tmp_path):
     for name, value in _weights(two).items():
         np.testing.assert_array_equal(other[name], value)
     _assert_same_training(two, one)
+    # And the command on one host's two logical CPUs trains as one device
+    # does on the same global batches (the strategy of one device, which
+    # initializes the weights as the strategy of two does).
+    single = tmp_path / "single"
+    command = _train_command(single, batch_multiple=2)
+    _run_processes([(command, _environment())])
+    _assert_same_training(one, single)
 
 
 def _kill_after_first_epochs(commands_and_environments, logs):
