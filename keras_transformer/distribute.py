@@ -328,24 +328,25 @@ def whole_copy(model, optimizer=False):
         return model
     from jax.experimental import multihost_utils
 
-    copy = _WHOLE_COPIES.get(model)
-    if copy is None or (optimizer and copy.optimizer is None):
-        with on_this_process():
+    with on_this_process():
+        copy = _WHOLE_COPIES.get(model)
+        if copy is None or (optimizer and copy.optimizer is None):
             copy = model.__class__.from_config(model.get_config())
             if optimizer:
                 config = model.optimizer.get_config()
                 copy.compile(optimizer=model.optimizer.from_config(config))
                 copy.optimizer.build(copy.trainable_variables)
-        _WHOLE_COPIES[model] = copy
-    pairs = list(zip(model.variables, copy.variables, strict=True))
-    if optimizer:
-        pairs += zip(
-            model.optimizer.variables, copy.optimizer.variables, strict=True
-        )
-    with on_this_process():
+            _WHOLE_COPIES[model] = copy
+        pairs = list(zip(model.variables, copy.variables, strict=True))
+        if optimizer:
+            pairs += zip(
+                model.optimizer.variables,
+                copy.optimizer.variables,
+                strict=True,
+            )
         for source, target in pairs:
             value = source.value
-            if not (value.is_fully_addressable or value.is_fully_replicated):
+            if _held_elsewhere(value):
                 value = multihost_utils.process_allgather(value, tiled=True)
             target.assign(np.asarray(value))
     return copy
@@ -362,10 +363,12 @@ def _split_over_processes(model):
 
     if jax.process_count() == 1:
         return False
-    return any(
-        not (v.value.is_fully_addressable or v.value.is_fully_replicated)
-        for v in model.variables
-    )
+    return any(_held_elsewhere(v.value) for v in model.variables)
+
+
+def _held_elsewhere(value):
+    """Whether parts of a JAX array live only on other processes."""
+    return not (value.is_fully_addressable or value.is_fully_replicated)
 
 
 @contextlib.contextmanager
