@@ -988,6 +988,11 @@ def _fit(run, model, data, callbacks, verbose, best):
     if best is not None and best.exhausted:
         restore_training_state(model, run.resume_state)
         return
+    counter = _StepCounter(
+        recipe.steps_per_epoch,
+        recipe.gradient_accumulation_steps or 1,
+        first_epoch=saved_epoch(run.resume_state),
+    )
     try:
         fit_resumable(
             model,
@@ -996,19 +1001,40 @@ def _fit(run, model, data, callbacks, verbose, best):
             steps_per_epoch=recipe.steps_per_epoch,
             directory=run.state,
             restore_from=run.resume_state,
-            callbacks=callbacks,
+            callbacks=[counter, *callbacks],
             fit_input=run.engine.fit_input if run.engine else None,
             verbose=verbose,
             validation_data=validation,
         )
     except KeyboardInterrupt as interrupt:
-        step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
         raise RunInterrupted(
             run.output,
-            step=step,
+            step=counter.step,
             resume_epoch=saved_epoch(run.resume_state) + 1,
             epochs=math.ceil(recipe.max_steps / recipe.steps_per_epoch),
         ) from interrupt
+
+
+class _StepCounter(keras.callbacks.Callback):
+    """Counts the optimizer steps that `fit` has finished, without reading
+    the model's variables: on JAX an interrupt leaves them without values
+    (Keras's trainer holds the state outside them during an epoch)."""
+
+    def __init__(self, steps_per_epoch, batches_per_step, first_epoch):
+        super().__init__()
+        self.batches_per_epoch = steps_per_epoch * batches_per_step
+        self.batches_per_step = batches_per_step
+        self.batches = first_epoch * self.batches_per_epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.batches = epoch * self.batches_per_epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+    @property
+    def step(self):
+        return self.batches // self.batches_per_step
 
 
 def _check_same_state(run):

@@ -431,23 +431,44 @@ def test_max_steps_of_zero_or_below_is_refused(data_dir, tmp_path):
 
 
 class CtrlC(keras.callbacks.Callback):
-    """Sends this process SIGINT (what Ctrl-C does) after step ``at``."""
+    """Sends this process SIGINT (what Ctrl-C does) after step ``at``.
 
-    def __init__(self, at):
+    With ``donated=True`` it first deletes, on JAX, the arrays of the
+    model's state, as a Ctrl-C inside a compiled step leaves them: the
+    step was given them to overwrite (Keras donates its input buffers)."""
+
+    def __init__(self, at, donated=False):
         super().__init__()
         self.at = at
+        self.donated = donated
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        if step == self.at:
-            signal.raise_signal(signal.SIGINT)
+        if step != self.at:
+            return
+        if self.donated:
+            self.model.jax_state_sync()
+            model = self.model
+            for variable in [*model.variables, *model.optimizer.variables]:
+                variable.value.delete()
+        signal.raise_signal(signal.SIGINT)
 
 
-def test_ctrl_c_says_which_epoch_a_rerun_resumes_from(no_test_dir, tmp_path):
+@pytest.mark.parametrize("donated", [False, True], ids=["", "donated"])
+def test_ctrl_c_says_which_epoch_a_rerun_resumes_from(
+    no_test_dir, tmp_path, donated
+):
+    if donated and keras.backend.backend() != "jax":
+        pytest.skip("JAX donates the state's buffers to a compiled step")
     # A data directory without the test split trains when not evaluated.
     output = tmp_path / "run"
     with pytest.raises(training.RunInterrupted) as caught:
-        train(no_test_dir, output, max_steps=6, callbacks=[CtrlC(at=3)])
+        train(
+            no_test_dir,
+            output,
+            max_steps=6,
+            callbacks=[CtrlC(at=3, donated=donated)],
+        )
     error = caught.value
     assert isinstance(error, KeyboardInterrupt)
     assert (error.step, error.resume_epoch, error.epochs) == (3, 2, 3)
