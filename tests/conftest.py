@@ -6,8 +6,10 @@ The backend comes from ``KERAS_BACKEND`` (CI runs the suite once per
 backend); it defaults to JAX, the fastest on this CPU.
 """
 
+import atexit
 import os
 import pathlib
+import shutil
 import socket
 import tempfile
 
@@ -33,6 +35,16 @@ os.environ["HF_ENDPOINT"] = (
     f"http://127.0.0.1:{os.environ['KERAS_TRANSFORMER_TEST_HUB_PORT']}"
 )
 os.environ.pop("HF_TOKEN", None)
+
+# On JAX, many tests, and the command-line processes they start, compile
+# the same small models: a compilation cache for the session (inherited
+# by those processes) compiles each once. A run with its own cache
+# directory keeps it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _jax_cache = tempfile.mkdtemp(prefix="keras-transformer-jax-cache-")
+    atexit.register(shutil.rmtree, _jax_cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _jax_cache
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
