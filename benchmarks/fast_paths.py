@@ -11,9 +11,10 @@ random weights, a tokenizer of 8000 pieces trained on Multi30k):
 - ``fused_adam``, ``fused_loss``, ``jax_train_options``: a training step
   (`train_on_batch`, 32 pairs of 32 tokens, the paper's optimizer and
   label-smoothed loss, dropout 0.1);
-- ``torch_decoder``, ``tensorflow_filler_row``: `Translator.translate`
-  of one Multi30k test2016 sentence (beam 4, and greedy), and of the
-  first ``--sentences`` sentences of test2016 (beam 4, batch 32).
+- ``torch_decoder``, ``onednn_matmul``, ``tensorflow_filler_row``:
+  `Translator.translate` of one Multi30k test2016 sentence (beam 4, and
+  greedy), and of the first ``--sentences`` sentences of test2016 (beam
+  4, batch 32).
   Weights are random, so outputs run to their length limit (input + 50).
 
 Medians of the rounds are reported with the gain, off time over on time.
@@ -31,7 +32,7 @@ from benchmarks import _common
 MULTI30K = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 MULTI30K = MULTI30K / "multi30k"
 TRAINING_PATHS = ("fused_adam", "fused_loss", "jax_train_options")
-DECODING_PATHS = ("torch_decoder", "tensorflow_filler_row")
+DECODING_PATHS = ("torch_decoder", "onednn_matmul", "tensorflow_filler_row")
 
 
 def _median_seconds(fn, rounds, repeats):

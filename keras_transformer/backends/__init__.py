@@ -59,6 +59,13 @@ FAST_PATHS = {
             "(backends/torch_decoding.py) instead of Keras layer calls",
         ),
         FastPath(
+            "onednn_matmul",
+            ("torch",),
+            "the matrix products of the torch_decoder step by oneDNN's "
+            "linear kernel (torch.ops.mkldnn._linear_pointwise) instead of "
+            "torch.addmm's BLAS",
+        ),
+        FastPath(
             "fused_adam",
             ("tensorflow", "torch"),
             "Adam's update as one fused kernel: ResourceApplyAdam on "
@@ -165,13 +172,14 @@ def cached_decoder(model, cache_layout):
     """``fn(token_ids, cache, index, encoder_padding_mask)``, the
     ``torch_decoder`` fast path for ``model``'s cached decoding step with
     a ``"stacked"`` or ``"split"`` cache, where it applies (torch, a
-    model whose decoder it computes); else None, and the search calls
+    model whose decoder it computes), its products by oneDNN with the
+    ``onednn_matmul`` fast path; else None, and the search calls
     `Transformer.decode`."""
     if cache_layout not in ("stacked", "split") or not enabled("torch_decoder"):
         return None
     from keras_transformer.backends import torch_decoding
 
-    return torch_decoding.cached_decoder(model)
+    return torch_decoding.cached_decoder(model, onednn=enabled("onednn_matmul"))
 
 
 def default_cache_layout():

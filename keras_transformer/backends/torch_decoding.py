@@ -10,7 +10,9 @@ it comes to: each decoder layer (section 3.1, post-norm as in 5.4, or
 pre-norm) as one function of torch kernels, with its weights read once
 per search:
 
-- projections: one `torch.addmm` each, the bias added inside the product;
+- projections: one matrix product each, the bias added inside it: by
+  `torch.addmm`, or with the ``onednn_matmul`` fast path by oneDNN's
+  linear kernel (`_onednn_matmul`);
 - layer normalizations: `F.layer_norm`;
 - attention: `F.scaled_dot_product_attention`; each step writes its keys
   and values into the stacked cache in place, instead of copying the
@@ -72,12 +74,13 @@ _DECODER_CONFIG = frozenset(
 )
 
 
-def cached_decoder(model):
+def cached_decoder(model, onednn=False):
     """``decode(token_ids, cache, index, encoder_padding_mask,
     decoder_padding_mask=None) -> (logits, cache)``: `Transformer.decode`
     for a stacked or split cache (`Transformer.init_cache`), writing each
     step into ``cache`` in place; None where ``model``'s decoder is not
-    what this module computes.
+    what this module computes. With ``onednn``, the matrix products are
+    oneDNN's where torch has it (`products`).
 
     The weights are read here, as views of their variables, so weights
     assigned later in place are seen; call it again after quantizing a
@@ -89,6 +92,7 @@ def cached_decoder(model):
     ends = _embedding_and_logits(model)
     if ends is None or any(w is None for w in layers):
         return None
+    matmul = products(onednn)
 
     def decode(
         token_ids,
@@ -113,13 +117,15 @@ def cached_decoder(model):
         for weights, self_cache, cross_cache in zip(
             layers, self_caches, cross_caches, strict=True
         ):
-            x = decoder_step(weights, x, masks, self_cache, index, cross_cache)
+            x = decoder_step(
+                weights, x, masks, self_cache, index, cross_cache, matmul
+            )
         if ends["final_norm"] is not None:
             x = _normalize(x, ends["final_norm"])
         # The pre-softmax projection shares the embedding matrix (3.4);
         # the bias is added inside the product.
         rows = x.reshape(-1, x.shape[-1])
-        logits = _matmul(rows, ends["embeddings"].t(), ends["bias"])
+        logits = matmul(rows, ends["embeddings"].t(), ends["bias"])
         return logits.view(*x.shape[:-1], -1), cache
 
     return decode
@@ -202,11 +208,38 @@ def _optional_value(variable):
     return None if variable is None else _value(variable)
 
 
+def products(onednn):
+    """The matrix product of the decoder step: `_onednn_matmul` where
+    ``onednn`` is asked for and this torch has oneDNN's linear kernel,
+    else `_matmul`."""
+    if onednn and _has_onednn_linear():
+        return _onednn_matmul
+    return _matmul
+
+
+def _has_onednn_linear():
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_linear_pointwise"
+    )
+
+
 def _matmul(rows, kernel, bias):
     """``rows @ kernel + bias``, the bias added inside the product."""
     if bias is None:
         return torch.mm(rows, kernel)
     return torch.addmm(bias, rows, kernel)
+
+
+def _onednn_matmul(rows, kernel, bias):
+    """``rows @ kernel + bias`` by oneDNN's linear kernel, the one that
+    `torch.compile` calls for a linear layer on the CPU. `torch.addmm`
+    calls the BLAS torch was built with (MKL), which takes slower code on
+    some CPUs (AMD's among them) for the few-row products of a decoding
+    step; oneDNN picks its code by the instructions the CPU has. The
+    kernel is read as ``kernel.t()``, a view: nothing is copied."""
+    return torch.ops.mkldnn._linear_pointwise(
+        rows, kernel.t(), bias, "none", [], ""
+    )
 
 
 def _projection_matrix(layer, axes, kernel):
@@ -316,7 +349,7 @@ def decoder_step_weights(layer):
     }
 
 
-def decoder_step(weights, x, masks, cache, index, cross_cache):
+def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
     """`TransformerDecoderLayer.call` with a self-attention cache, at
     inference, as the arithmetic it comes to: the torch kernels of the
     sublayer calls above, on ``(batch * steps, width)`` rows.
@@ -327,7 +360,8 @@ def decoder_step(weights, x, masks, cache, index, cross_cache):
     ``cache``: this layer's keys and values, ``(batch, heads, max_length,
     head_dim)`` each (views of the model's cache), written at ``index``
     in place; ``cross_cache``: the encoder output's, ``(batch, heads,
-    source_length, head_dim)`` each (`_layer_caches`).
+    source_length, head_dim)`` each (`_layer_caches`); ``matmul``: the
+    matrix product (`products`).
     Returns the layer's output, ``(batch, steps, width)``.
     """
     batch, steps, width = x.shape
@@ -348,32 +382,34 @@ def decoder_step(weights, x, masks, cache, index, cross_cache):
         length = index + steps
         for projection, stored in ((key, keys), (value, values)):
             # (batch, heads, steps, head_dim), written in place.
-            stored[:, :, index:length] = _heads(rows, projection, batch, heads)
+            stored[:, :, index:length] = _heads(
+                rows, projection, batch, heads, matmul
+            )
         attended = _dot_product_attention(
-            _heads(rows, query, batch, heads),
+            _heads(rows, query, batch, heads, matmul),
             keys[:, :, :length],
             values[:, :, :length],
             self_mask,
             _scale(heads),
         )
-        return _matmul(attended.reshape(batch * steps, -1), *output)
+        return matmul(attended.reshape(batch * steps, -1), *output)
 
     def cross_attention(rows):
         query, output = weights["cross_attention"]
         heads = weights["cross_attention_heads"]
         attended = _dot_product_attention(
-            _heads(rows, query, batch, heads),
+            _heads(rows, query, batch, heads, matmul),
             *cross_cache,
             cross_mask,
             _scale(heads),
         )
-        return _matmul(attended.reshape(batch * steps, -1), *output)
+        return matmul(attended.reshape(batch * steps, -1), *output)
 
     def feed_forward(rows):
-        hidden = _matmul(rows, *weights["intermediate"])
+        hidden = matmul(rows, *weights["intermediate"])
         if weights["activation"] is not None:
             hidden = weights["activation"](hidden)
-        return _matmul(hidden, *weights["output"])
+        return matmul(hidden, *weights["output"])
 
     rows = x.reshape(batch * steps, width)
     rows = residual(rows, self_norm, self_attention)
@@ -395,10 +431,10 @@ def _normalize(rows, norm):
 # --- ops
 
 
-def _heads(rows, projection, batch, heads):
+def _heads(rows, projection, batch, heads, matmul):
     """A head projection of ``(batch * steps, width)`` rows, ``(batch,
     heads, steps, head_dim)``."""
-    return _matmul(rows, *projection).view(batch, -1, *heads).transpose(1, 2)
+    return matmul(rows, *projection).view(batch, -1, *heads).transpose(1, 2)
 
 
 def _dot_product_attention(query, key, value, mask=None, scale=None):

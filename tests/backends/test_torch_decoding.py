@@ -132,3 +132,36 @@ def test_beam_search_through_the_fast_path_is_the_generic_one(
     assert np.all((fast.lengths >= 1) & (fast.lengths <= 6))
     last = np.take_along_axis(fast.token_ids, fast.lengths[..., None] - 1, 2)
     assert np.all(last == 3)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the onednn_matmul fast path serves torch's decoder step only",
+)
+def test_onednn_products_and_their_fallback_decode_alike(monkeypatch, rng):
+    """With ``onednn_matmul`` the decoder step's products are oneDNN's
+    linear kernel, whose logits are torch.addmm's to float32 rounding;
+    where torch lacks that kernel the step falls back to torch.addmm and
+    is still served, with exactly the logits of the path switched off."""
+    import torch
+
+    from keras_transformer.backends import torch_decoding
+
+    model = _models[False]
+    batch = random_batch(rng, 3, 7, 5)
+    batch["decoder_padding_mask"][:] = 1
+    with backends.disabled("onednn_matmul"):
+        plain = backends.cached_decoder(model, "stacked")
+    expected = _step_by_step(model, batch, plain)[0]
+    assert torch_decoding.products(True) is torch_decoding._onednn_matmul
+    logits = _step_by_step(
+        model, batch, backends.cached_decoder(model, "stacked")
+    )[0]
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert torch_decoding.products(True) is torch_decoding._matmul
+    fallback = backends.cached_decoder(model, "stacked")
+    assert fallback is not None
+    np.testing.assert_array_equal(
+        _step_by_step(model, batch, fallback)[0], expected
+    )
