@@ -231,12 +231,12 @@ def _matmul(rows, kernel, bias):
 
 
 def _onednn_matmul(rows, kernel, bias):
-    """``rows @ kernel + bias`` by oneDNN's linear kernel, the one that
-    `torch.compile` calls for a linear layer on the CPU. `torch.addmm`
-    calls the BLAS torch was built with (MKL), which takes slower code on
-    some CPUs (AMD's among them) for the few-row products of a decoding
-    step; oneDNN picks its code by the instructions the CPU has. The
-    kernel is read as ``kernel.t()``, a view: nothing is copied."""
+    """``rows @ kernel + bias`` by oneDNN's linear kernel, a private op
+    of torch's. `torch.addmm` calls the BLAS torch was built with (MKL),
+    which takes slower code on some CPUs (AMD's among them) for the
+    few-row products of a decoding step; oneDNN picks its code by the
+    instructions the CPU has. The kernel is read as ``kernel.t()``, a
+    view: nothing is copied."""
     return torch.ops.mkldnn._linear_pointwise(
         rows, kernel.t(), bias, "none", [], ""
     )
