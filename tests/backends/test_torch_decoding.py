@@ -139,10 +139,10 @@ def test_beam_search_through_the_fast_path_is_the_generic_one(
     reason="the onednn_matmul fast path serves torch's decoder step only",
 )
 def test_onednn_products_and_their_fallback_decode_alike(monkeypatch, rng):
-    """With ``onednn_matmul`` the decoder step's products are oneDNN's
-    linear kernel, whose logits are torch.addmm's to float32 rounding;
-    where torch lacks that kernel the step falls back to torch.addmm and
-    is still served, with exactly the logits of the path switched off."""
+    """With oneDNN's linear kernel for its products the decoder step
+    gives torch.addmm's logits to float32 rounding; where torch lacks that
+    kernel it falls back to torch.addmm, with exactly the logits of the
+    plain step. The seam asks for oneDNN when ``onednn_matmul`` is on."""
     import torch
 
     from keras_transformer.backends import torch_decoding
@@ -150,18 +150,28 @@ def test_onednn_products_and_their_fallback_decode_alike(monkeypatch, rng):
     model = _models[False]
     batch = random_batch(rng, 3, 7, 5)
     batch["decoder_padding_mask"][:] = 1
-    with backends.disabled("onednn_matmul"):
-        plain = backends.cached_decoder(model, "stacked")
-    expected = _step_by_step(model, batch, plain)[0]
+
+    def logits(onednn):
+        decode = torch_decoding.cached_decoder(model, onednn=onednn)
+        return _step_by_step(model, batch, decode)[0]
+
+    expected = logits(False)
     assert torch_decoding.products(True) is torch_decoding._onednn_matmul
-    logits = _step_by_step(
-        model, batch, backends.cached_decoder(model, "stacked")
-    )[0]
-    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(logits(True), expected, atol=1e-5, rtol=1e-5)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert torch_decoding.products(True) is torch_decoding._matmul
-    fallback = backends.cached_decoder(model, "stacked")
-    assert fallback is not None
-    np.testing.assert_array_equal(
-        _step_by_step(model, batch, fallback)[0], expected
+    np.testing.assert_array_equal(logits(True), expected)
+    # The switch: what the seam asks for, with the path on and off.
+    asked = []
+    monkeypatch.setattr(
+        torch_decoding,
+        "products",
+        lambda onednn: asked.append(onednn) or torch_decoding._matmul,
+    )
+    backends.cached_decoder(model, "stacked")
+    with backends.disabled("onednn_matmul"):
+        backends.cached_decoder(model, "stacked")
+    served = backends.enabled("torch_decoder")
+    assert asked == (
+        [backends.enabled("onednn_matmul"), False] if served else []
     )
