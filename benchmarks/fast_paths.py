@@ -11,10 +11,11 @@ random weights, a tokenizer of 8000 pieces trained on Multi30k):
 - ``fused_adam``, ``fused_loss``, ``jax_train_options``: a training step
   (`train_on_batch`, 32 pairs of 32 tokens, the paper's optimizer and
   label-smoothed loss, dropout 0.1);
-- ``torch_decoder``, ``onednn_matmul``, ``tensorflow_filler_row``:
-  `Translator.translate` of one Multi30k test2016 sentence (beam 4, and
-  greedy), and of the first ``--sentences`` sentences of test2016 (beam
-  4, batch 32).
+- ``torch_decoder``, ``onednn_matmul``, ``onednn_int8``,
+  ``tensorflow_filler_row``: `Translator.translate` of one Multi30k
+  test2016 sentence (beam 4, and greedy), and of the first
+  ``--sentences`` sentences of test2016 (beam 4, batch 32); for
+  ``onednn_int8`` after `Translator.quantize("int8")`.
   Weights are random, so outputs run to their length limit (input + 50).
 
 Medians of the rounds are reported with the gain, off time over on time.
@@ -32,7 +33,14 @@ from benchmarks import _common
 MULTI30K = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 MULTI30K = MULTI30K / "multi30k"
 TRAINING_PATHS = ("fused_adam", "fused_loss", "jax_train_options")
-DECODING_PATHS = ("torch_decoder", "onednn_matmul", "tensorflow_filler_row")
+DECODING_PATHS = (
+    "torch_decoder",
+    "onednn_matmul",
+    "onednn_int8",
+    "tensorflow_filler_row",
+)
+# Decoding paths that serve int8 models: timed on a quantized translator.
+INT8_PATHS = ("onednn_int8",)
 
 
 def _median_seconds(fn, rounds, repeats):
@@ -185,8 +193,10 @@ def main(argv=None):
             )
         for name in decoding:
 
-            def build():
+            def build(name=name):
                 translator = _translator(args.config, tokenizer, args.smoke)
+                if name in INT8_PATHS:
+                    translator.quantize("int8")
                 calls = _decoding_calls(translator, sentences)
                 for call in calls.values():
                     call()  # compiles

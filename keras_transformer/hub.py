@@ -733,10 +733,18 @@ def _model_rows(translator):
 
 def _weights_description(translator):
     if translator.quantization_mode == "int8":
+        from keras_transformer.generation.quantization import (
+            quantized_embeddings,
+        )
+
+        if quantized_embeddings(translator.model):
+            embedding, floats = " and the shared embedding (per token)", ""
+        else:
+            embedding, floats = "", "the shared embedding, "
         return (
-            "int8: the kernels of the attention projections and "
-            "feed-forward networks, with a float32 scale per output unit "
-            '(Keras `Model.quantize("int8")`); the shared embedding, '
+            'int8 with float32 scales (Keras `Model.quantize("int8")`): '
+            "the kernels of the attention projections and feed-forward "
+            f"networks (a scale per output unit){embedding}; {floats}"
             "biases and layer norms float32. `from_pretrained` loads them "
             "as int8"
         )

@@ -171,6 +171,9 @@ def trained_model(tokenizer):  # noqa: F811
 @pytest.fixture(scope="module")
 def translators(trained_model, tokenizer):  # noqa: F811
     common = dict(max_length_offset=4, batch_size=2)
+    # int8: a copy of the model, quantized (weights and tied embedding).
+    int8_model = kt.Transformer.from_config(trained_model.get_config())
+    int8_model.set_weights(trained_model.get_weights())
     return {
         "greedy": kt.Translator(
             trained_model, tokenizer, method="greedy", **common
@@ -178,6 +181,9 @@ def translators(trained_model, tokenizer):  # noqa: F811
         "beam": kt.Translator(
             trained_model, tokenizer, method="beam", beam_size=4, **common
         ),
+        "int8": kt.Translator(
+            int8_model, tokenizer, method="beam", beam_size=4, **common
+        ).quantize("int8"),
     }
 
 
@@ -191,6 +197,7 @@ def exported(translators, tmp_path_factory):
     (directories["beam"] / "stale.txt").write_text("an older export")
     translators["greedy"].export(directories["greedy"])
     translators["beam"].export(directories["beam"], overwrite=True)
+    translators["int8"].export(directories["int8"])
     return directories
 
 
@@ -200,11 +207,15 @@ def served(exported, tmp_path_factory):
     return serve_in_plain_tensorflow(exported, BATCH, cwd)
 
 
-@pytest.mark.parametrize("method", ["greedy", "beam"])
+@pytest.mark.parametrize("method", ["greedy", "beam", "int8"])
 def test_saved_model_translates_like_the_translator(
     served, translators, method
 ):
     assert_served_like_translator(served[method], translators[method], BATCH)
+    if method == "int8":
+        # The int8 weights were served, not the float ones.
+        beam = np.array(served["beam"]["scores"])
+        assert np.abs(np.array(served["int8"]["scores"]) - beam).max() > 1e-4
 
 
 def test_export_replaces_atomically(exported):

@@ -66,6 +66,14 @@ FAST_PATHS = {
             "torch.addmm's BLAS",
         ),
         FastPath(
+            "onednn_int8",
+            ("torch",),
+            "the int8 products of a quantized model's torch_decoder step "
+            "by oneDNN's int8 linear kernel (torch.ops.onednn."
+            "qlinear_pointwise) on Keras's int8 weights, instead of Keras's "
+            "int8 layer calls",
+        ),
+        FastPath(
             "fused_adam",
             ("tensorflow", "torch"),
             "Adam's update as one fused kernel: ResourceApplyAdam on "
@@ -173,13 +181,18 @@ def cached_decoder(model, cache_layout):
     ``torch_decoder`` fast path for ``model``'s cached decoding step with
     a ``"stacked"`` or ``"split"`` cache, where it applies (torch, a
     model whose decoder it computes), its products by oneDNN with the
-    ``onednn_matmul`` fast path; else None, and the search calls
+    ``onednn_matmul`` fast path, and a model quantized to int8 computed
+    with the ``onednn_int8`` one; else None, and the search calls
     `Transformer.decode`."""
     if cache_layout not in ("stacked", "split") or not enabled("torch_decoder"):
         return None
     from keras_transformer.backends import torch_decoding
 
-    return torch_decoding.cached_decoder(model, onednn=enabled("onednn_matmul"))
+    return torch_decoding.cached_decoder(
+        model,
+        onednn=enabled("onednn_matmul"),
+        int8=enabled("onednn_int8"),
+    )
 
 
 def default_cache_layout():

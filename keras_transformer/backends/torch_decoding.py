@@ -12,7 +12,10 @@ per search:
 
 - projections: one matrix product each, the bias added inside it: by
   `torch.addmm`, or with the ``onednn_matmul`` fast path by oneDNN's
-  linear kernel (`_onednn_matmul`);
+  linear kernel (`_onednn_matmul`); for a model quantized to int8 by
+  `Translator.quantize`, with the ``onednn_int8`` fast path, by oneDNN's
+  int8 linear kernel, on the int8 values and scales that Keras's
+  quantization made (`_int8_matmul`);
 - layer normalizations: `F.layer_norm`;
 - attention: `F.scaled_dot_product_attention`; each step writes its keys
   and values into the stacked cache in place, instead of copying the
@@ -22,7 +25,8 @@ per search:
 
 The embeddings, positions (a table read once per search), final norm and
 tied output projection are torch kernels too. A model whose decoder is not
-what this module computes (float16 or bfloat16, quantized or LoRA layers,
+what this module computes (float16 or bfloat16, quantized layers without
+``int8``, LoRA layers,
 a feed-forward activation other than ReLU, SiLU or linear, other
 normalizations, options it does not know) gets None, and its search runs
 `Transformer.decode`.
@@ -30,6 +34,7 @@ normalizations, options it does not know) gets None, and its search runs
 
 import inspect
 import math
+import typing
 
 import keras
 import torch
@@ -74,22 +79,28 @@ _DECODER_CONFIG = frozenset(
 )
 
 
-def cached_decoder(model, onednn=False):
+def cached_decoder(model, onednn=False, int8=False):
     """``decode(token_ids, cache, index, encoder_padding_mask,
     decoder_padding_mask=None) -> (logits, cache)``: `Transformer.decode`
     for a stacked or split cache (`Transformer.init_cache`), writing each
     step into ``cache`` in place; None where ``model``'s decoder is not
-    what this module computes. With ``onednn``, the matrix products are
-    oneDNN's where torch has it (`products`).
+    what this module computes. With ``onednn``, the float matrix products
+    are oneDNN's where torch has it (`products`); with ``int8``, the
+    int8 layers of a model quantized by Keras are computed too, by
+    oneDNN's int8 kernel (None where torch lacks it).
 
     The weights are read here, as views of their variables, so weights
-    assigned later in place are seen; call it again after quantizing a
-    model or enabling LoRA.
+    assigned later in place are seen (int8 kernels are repacked when
+    their variables change); call it again after quantizing a model or
+    enabling LoRA.
     """
+    int8 = int8 and _has_onednn_int8()
     if model.compute_dtype != "float32":
         return None
-    layers = [decoder_step_weights(layer) for layer in model.decoder_layers]
-    ends = _embedding_and_logits(model)
+    layers = [
+        decoder_step_weights(layer, int8) for layer in model.decoder_layers
+    ]
+    ends = _embedding_and_logits(model, int8)
     if ends is None or any(w is None for w in layers):
         return None
     matmul = products(onednn)
@@ -112,7 +123,7 @@ def cached_decoder(model, onednn=False):
             attention_mask_of_call(steps, source_length, encoder_padding_mask),
         )
         # Embeddings x sqrt(d_model) plus positions (3.4, 3.5).
-        x = F.embedding(token_ids, ends["embeddings"]) * ends["scale"]
+        x = _embed(token_ids, ends["embeddings"]) * ends["scale"]
         x = x + ends["positions"][index : index + steps]
         for weights, self_cache, cross_cache in zip(
             layers, self_caches, cross_caches, strict=True
@@ -125,7 +136,7 @@ def cached_decoder(model, onednn=False):
         # The pre-softmax projection shares the embedding matrix (3.4);
         # the bias is added inside the product.
         rows = x.reshape(-1, x.shape[-1])
-        logits = matmul(rows, ends["embeddings"].t(), ends["bias"])
+        logits = matmul(rows, ends["projection"], ends["bias"])
         return logits.view(*x.shape[:-1], -1), cache
 
     return decode
@@ -163,14 +174,26 @@ def _self_attention_mask(steps, index, decoder_padding_mask):
     )
 
 
-def _embedding_and_logits(model):
+def _embedding_and_logits(model, int8):
     """What the decoder step needs around its layers: the target
-    embedding matrix (tied to the output projection), its scale, the
-    position table, the final norm's parameters and the logits bias;
-    None for an untied output projection."""
+    embeddings and the output projection, one matrix (tied), the
+    embeddings' scale, the position table, the final norm's parameters
+    and the logits bias; None for an untied output projection, or an
+    int8 embedding without ``int8``."""
     if model.output_projection is not None:
         return None
     embedding = model.decoder_token_embedding
+    if embedding.quantization_mode is None:
+        matrix = _value(embedding.embeddings)
+        embeddings, projection = matrix, matrix.t()
+    elif embedding.quantization_mode == "int8" and int8:
+        # Keras's int8 embedding scheme: values over a scale per token.
+        values = _value(embedding.embeddings)
+        scale = _value(embedding.embeddings_scale)
+        embeddings = _Int8Embeddings(values, scale)
+        projection = _int8_matrix(values, scale)
+    else:
+        return None
     positions = model.decoder_position_encoding(
         torch.zeros((1, model.max_sequence_length, model.hidden_dim))
     )[0]
@@ -180,7 +203,8 @@ def _embedding_and_logits(model):
     ):
         return None
     return {
-        "embeddings": _value(embedding.embeddings),
+        "embeddings": embeddings,
+        "projection": projection,
         "scale": math.sqrt(model.hidden_dim) if embedding.scale else 1.0,
         "positions": positions,
         "final_norm": None
@@ -208,13 +232,27 @@ def _optional_value(variable):
     return None if variable is None else _value(variable)
 
 
-def products(onednn):
-    """The matrix product of the decoder step: `_onednn_matmul` where
-    ``onednn`` is asked for and this torch has oneDNN's linear kernel,
-    else `_matmul`."""
+def float_product(onednn):
+    """The float matrix product of the decoder step: `_onednn_matmul`
+    where ``onednn`` is asked for and this torch has oneDNN's linear
+    kernel, else `_matmul`."""
     if onednn and _has_onednn_linear():
         return _onednn_matmul
     return _matmul
+
+
+def products(onednn):
+    """The matrix product of the decoder step, ``matmul(rows, kernel,
+    bias)``: `_int8_matmul` for an `_Int8Matrix` kernel, else
+    `float_product`."""
+    float_matmul = float_product(onednn)
+
+    def matmul(rows, kernel, bias):
+        if isinstance(kernel, _Int8Matrix):
+            return _int8_matmul(rows, kernel, bias)
+        return float_matmul(rows, kernel, bias)
+
+    return matmul
 
 
 def _has_onednn_linear():
@@ -242,31 +280,134 @@ def _onednn_matmul(rows, kernel, bias):
     )
 
 
-def _projection_matrix(layer, axes, kernel):
-    """A head projection's ``kernel`` as a matrix, and its bias as one
-    row (or None): views of the variables."""
-    kept = kernel.shape[axes:]
-    matrix = kernel.reshape(math.prod(kernel.shape[:axes]), -1)
+def _has_onednn_int8():
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.onednn, "qlinear_pointwise"
+    )
+
+
+class _Int8Matrix(typing.NamedTuple):
+    """An int8 ``(inputs, outputs)`` kernel as oneDNN's int8 linear
+    kernel reads it (`_int8_matrix`)."""
+
+    packed: torch.Tensor
+    # Per output unit: 1 / Keras's scale, and zero points (all 0).
+    scale: torch.Tensor
+    zero_points: torch.Tensor
+
+
+class _Int8Embeddings(typing.NamedTuple):
+    """A Keras int8 embedding matrix: ``values / scale[:, None]``."""
+
+    values: torch.Tensor
+    scale: torch.Tensor
+
+
+def _embed(token_ids, embeddings):
+    if isinstance(embeddings, _Int8Embeddings):
+        values = F.embedding(token_ids, embeddings.values).float()
+        return values / embeddings.scale[token_ids].unsqueeze(-1)
+    return F.embedding(token_ids, embeddings)
+
+
+def _int8_matrix(values, scale, input_axes=None):
+    """`_Int8Matrix` of a Keras int8 variable ``values`` with ``scale``,
+    its float scale per output unit (values = float x scale): a kernel
+    whose first ``input_axes`` axes are its inputs, or (``input_axes``
+    None) an embedding matrix, ``(outputs, inputs)``.
+
+    Packing the output projection of a large vocabulary takes a large
+    part of a search, so the packing is kept on the variable's tensor and
+    made again only when the variable or its scale has been assigned
+    since (torch counts in-place writes in ``_version``).
+    """
+    version = (values._version, scale._version)
+    known = getattr(values, "_onednn_int8", None)
+    if known is not None and known[0] == version:
+        return known[1]
+    weight = values
+    if input_axes is not None:
+        weight = values.reshape(math.prod(values.shape[:input_axes]), -1).t()
+    outputs = weight.shape[0]
+    matrix = _Int8Matrix(
+        torch.ops.onednn.qlinear_prepack(weight.contiguous(), None),
+        (1.0 / scale.detach()).reshape(outputs),
+        torch.zeros(outputs, dtype=torch.int32),
+    )
+    values._onednn_int8 = (version, matrix)
+    return matrix
+
+
+def _int8_matmul(rows, kernel, bias):
+    """``rows @ kernel + bias`` as Keras's int8 ``Dense`` computes it:
+    the rows quantized to int8 by their abs-max (a scale per row), an
+    integer product with the int8 kernel, and the two scales divided
+    out. oneDNN's kernel takes one input scale and zero point for all
+    rows, so it gets the same integers offset by 128, as uint8 with zero
+    point 128 and scale 1, and each row's scale divides its output
+    after."""
+    row_scale = 127.0 / (
+        rows.abs().amax(dim=-1, keepdim=True) + keras.config.epsilon()
+    )
+    integers = torch.round(rows * row_scale).clamp_(-127, 127)
+    products = torch.ops.onednn.qlinear_pointwise(
+        integers.add_(128).to(torch.uint8),
+        1.0,
+        128,
+        kernel.packed,
+        kernel.scale,
+        kernel.zero_points,
+        None,
+        1.0,
+        0,
+        torch.float32,
+        "none",
+        [],
+        "",
+    )
+    if bias is None:
+        return products.div_(row_scale)
+    return torch.addcdiv(bias, products, row_scale)
+
+
+def _projection_matrix(layer, axes):
+    """A head projection's kernel as an ``(inputs, outputs)`` matrix,
+    and its bias as one row (or None): views of the variables, or an
+    `_Int8Matrix`."""
+    kernel = _value(layer.kernel)
+    matrix = _dense_matrix(layer, axes)
     if layer.bias is None:
         return matrix, None
+    kept = kernel.shape[axes:]
     return matrix, torch.broadcast_to(_value(layer.bias), kept).reshape(-1)
+
+
+def _dense_matrix(layer, input_axes=1):
+    """The kernel of a ``Dense`` or ``EinsumDense`` layer whose first
+    ``input_axes`` axes are its inputs, as an ``(inputs, outputs)``
+    matrix (a view), or an `_Int8Matrix` where the layer is quantized to
+    int8."""
+    kernel = _value(layer.kernel)
+    if layer.quantization_mode is not None:
+        return _int8_matrix(kernel, _value(layer.kernel_scale), input_axes)
+    return kernel.reshape(math.prod(kernel.shape[:input_axes]), -1)
 
 
 # --- the decoder layer step
 
 
-def _plain(layer):
-    """Whether ``layer.call`` computes ``layer``: built, not quantized,
-    in its variables' dtype."""
+def _plain(layer, int8=False):
+    """Whether ``layer.call`` computes ``layer``: built, not quantized
+    (or quantized to int8, with ``int8``), in its variables' dtype."""
     policy = layer.dtype_policy
     return (
         layer.built
-        and policy.quantization_mode is None
+        and policy.quantization_mode in ((None, "int8") if int8 else (None,))
         and policy.compute_dtype == policy.variable_dtype
     )
 
 
-def decoder_step_weights(layer):
+def decoder_step_weights(layer, int8=False):
     """What `decoder_step` needs of a `TransformerDecoderLayer`: its
     matrices and bias rows, layer norm parameters, feed-forward
     activation, head counts and norm order. The tensors are views of the
@@ -274,8 +415,9 @@ def decoder_step_weights(layer):
     variables in place).
 
     None where a sublayer is not what `decoder_step` computes: not
-    float32, quantized, with LoRA, another activation or another
-    normalization; and for a layer with options it does not know.
+    float32, quantized (to anything but int8, or at all without
+    ``int8``), with LoRA, another activation or another normalization;
+    and for a layer with options it does not know.
     """
     self_attention = layer.self_attention
     cross_attention = layer.cross_attention
@@ -299,7 +441,7 @@ def decoder_step_weights(layer):
     if not (
         _options(layer) <= _DECODER_CONFIG
         and all(
-            _plain(sublayer)
+            _plain(sublayer, int8)
             and sublayer.compute_dtype == "float32"
             and not getattr(sublayer, "lora_enabled", False)
             for sublayer in sublayers
@@ -316,12 +458,11 @@ def decoder_step_weights(layer):
     ):
         return None
     matrices = [
-        _projection_matrix(p, _CONTRACTED_AXES[p.equation], _value(p.kernel))
-        for p in projections
+        _projection_matrix(p, _CONTRACTED_AXES[p.equation]) for p in projections
     ]
 
     def dense(layer):
-        return _value(layer.kernel), _optional_value(layer.bias)
+        return _dense_matrix(layer), _optional_value(layer.bias)
 
     return {
         "self_attention": matrices[:4],

@@ -27,9 +27,11 @@ def check_quantization_mode(mode, message=None):
         )
 
 
-def quantize_model(model, mode):
+def quantize_model(model, mode, embeddings=True):
     """Keras's `Model.quantize`, without its warning for each layer that
-    has no quantized form (norms, dropout, positions, the embedding)."""
+    has no quantized form (norms, dropout, positions); the token
+    embeddings too unless ``embeddings`` is false (the layout of
+    translators saved before they were quantized)."""
     # Keras runs a full garbage collection as it drops each float kernel:
     # seconds apiece in a process holding a framework's objects. Frozen,
     # those objects are left out of these collections (they are
@@ -41,6 +43,24 @@ def quantize_model(model, mode):
                 "ignore",
                 message=r"Layer \w+ does not have a `quantize` method",
             )
-            model.quantize(mode)
+            model.quantize(
+                mode, filters=None if embeddings else _not_an_embedding
+            )
     finally:
         gc.unfreeze()
+
+
+def quantized_embeddings(model):
+    """Whether ``model``'s token embeddings are quantized (translators
+    quantized before `TokenEmbedding` had an int8 form hold them in
+    float32)."""
+    return any(
+        not _not_an_embedding(layer) and layer.quantization_mode is not None
+        for layer in model._flatten_layers()
+    )
+
+
+def _not_an_embedding(layer):
+    from keras_transformer.layers import TokenEmbedding
+
+    return not isinstance(layer, TokenEmbedding)

@@ -15,6 +15,7 @@ from keras_transformer.generation.quantization import (
     check_quantization_mode,
     quantization_mode,
     quantize_model,
+    quantized_embeddings,
 )
 from keras_transformer.generation.search import (
     FINITE_SETTINGS,
@@ -575,14 +576,15 @@ class Translator:
         step.
 
         ``"int8"``: the kernel of every ``Dense`` and ``EinsumDense``
-        layer (the attention projections and the feed-forward networks,
-        the bulk of the weights) becomes int8 with a float32 scale per
-        output unit, and their inputs are quantized to int8 per row as
-        they arrive. The token embedding stays float32: it is a
-        `TokenEmbedding`, not a Keras ``Embedding``, and it is the
-        pre-softmax projection as well (section 3.4), so the logits keep
-        float weights; so do the biases and layer norms. `save` records
-        the mode, and `from_pretrained` loads the int8 weights as such.
+        layer (the attention projections and the feed-forward networks)
+        becomes int8 with a float32 scale per output unit, and their
+        inputs are quantized to int8 per row as they arrive. The shared
+        token embedding becomes int8 with a scale per token, as Keras's
+        ``Embedding`` quantizes (`TokenEmbedding.quantize`), so the
+        pre-softmax projection (section 3.4) is an int8 product too. The
+        biases and layer norms stay float32. `save` records the mode, and
+        `from_pretrained` loads the int8 weights as such (translators
+        saved with a float32 embedding load as they were saved).
 
         As with Keras's ``quantize``, the float weights are gone
         afterwards (load the translator again for them), and the
@@ -648,6 +650,9 @@ class Translator:
             "format_version": FORMAT_VERSION,
             "version": __version__,
             "quantization": mode,
+            # Translators saved before the token embedding quantized
+            # (without this key) hold it in float32.
+            "quantized_embeddings": quantized_embeddings(self.model),
             "tokenizer_config": getattr(self.tokenizer, "config", None),
         }
         wrote_tokenizer = save_preset(
@@ -799,7 +804,11 @@ def _load_preset(directory, config):
             "keras-transformer, or save it again."
         )
     model = _model_with_weights(
-        directory, config["config"], info.get("quantization"), METADATA_FILE
+        directory,
+        config["config"],
+        info.get("quantization"),
+        METADATA_FILE,
+        embeddings=info.get("quantized_embeddings", False),
     )
     task = _read_task(directory)
     generation = _generation_config(
@@ -894,9 +903,12 @@ def _load_version_1(directory, config):
     return model, tokenizer, _generation_config(path, read_json(path))
 
 
-def _model_with_weights(directory, model_config, quantization, source):
+def _model_with_weights(
+    directory, model_config, quantization, source, embeddings=False
+):
     """The `Transformer` of a saved config, quantized as recorded in
-    ``source`` (None: float), with the saved weights."""
+    ``source`` (None: float; ``embeddings``: the token embedding too),
+    with the saved weights."""
     if quantization is not None:
         check_quantization_mode(
             quantization,
@@ -915,7 +927,7 @@ def _model_with_weights(directory, model_config, quantization, source):
     if quantization is not None:
         # The int8 variables are made by quantizing the new float model;
         # loading then replaces their values with the saved ones.
-        quantize_model(model, quantization)
+        quantize_model(model, quantization, embeddings=embeddings)
     model.load_weights(os.path.join(directory, WEIGHTS_FILE))
     return model
 

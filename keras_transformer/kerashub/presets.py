@@ -8,6 +8,7 @@ from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.generation.quantization import (
     quantization_mode,
     quantize_model,
+    quantized_embeddings,
 )
 from keras_transformer.io_utils import read_json, write_json
 from keras_transformer.kerashub.backbone import TransformerBackbone
@@ -48,7 +49,7 @@ def save_preset(model, tokenizer, generation_config, directory, metadata):
     mode = quantization_mode(model)
     if mode is not None:
         # The same quantized variables as the model's, in the same order.
-        quantize_model(backbone, mode)
+        quantize_model(backbone, mode, quantized_embeddings(model))
     backbone.set_weights(model.get_weights())
     backbone.save_to_preset(directory)
     preprocessor = None

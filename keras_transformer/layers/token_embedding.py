@@ -62,23 +62,94 @@ class TokenEmbedding(keras.layers.Layer):
         )
 
     def build(self, input_shape=None):
-        self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.vocabulary_size, self.hidden_dim),
-            initializer=self.embeddings_initializer,
-        )
+        if self.quantization_mode == "int8":
+            # Built from a quantized dtype policy (a saved config).
+            self._int8_variables()
+        else:
+            self.embeddings = self.add_weight(
+                name="embeddings",
+                shape=(self.vocabulary_size, self.hidden_dim),
+                initializer=self.embeddings_initializer,
+            )
         self.built = True
 
     def call(self, inputs, reverse=False):
         if reverse:
             return self._project(inputs)
         outputs = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)
-        outputs = ops.cast(outputs, self.compute_dtype)
-        if self.scale:
-            outputs = outputs * ops.cast(
-                math.sqrt(self.hidden_dim), self.compute_dtype
+        return self._scaled(ops.cast(outputs, self.compute_dtype))
+
+    def _scaled(self, outputs):
+        if not self.scale:
+            return outputs
+        return outputs * ops.cast(
+            math.sqrt(self.hidden_dim), self.compute_dtype
+        )
+
+    # --- int8 (Keras's quantization protocol, as ``keras.layers.Embedding``)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantizes the matrix in place, as Keras's ``Embedding`` does
+        for ``"int8"``: int8 values with a float32 scale per token (abs-max
+        over its row), so that an embedded row is its int8 values divided
+        by its scale. The reverse projection (section 3.4's pre-softmax
+        linear transformation) is then an int8 matrix product with a scale
+        per output unit: its inputs are quantized per row as they arrive,
+        as Keras's int8 ``Dense`` quantizes its inputs. For inference: the
+        int8 matrix is not trainable."""
+        if mode != "int8":
+            raise NotImplementedError(
+                f"TokenEmbedding quantizes to 'int8' only, not {mode!r}."
             )
-        return outputs
+        self._check_quantize_args(mode, self.compute_dtype)
+        values, scale = keras.quantizers.abs_max_quantize(
+            self.embeddings, axis=-1, to_numpy=True
+        )
+        del self.embeddings
+        self._tracker.unlock()
+        self._int8_variables()
+        self._tracker.lock()
+        self.embeddings.assign(values)
+        self.embeddings_scale.assign(ops.squeeze(scale, axis=-1))
+        self.dtype_policy = keras.dtype_policies.get(
+            f"int8_from_{self.dtype_policy.name}"
+        )
+
+    def _int8_variables(self):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocabulary_size, self.hidden_dim),
+            initializer="zeros",
+            dtype="int8",
+            trainable=False,
+        )
+        self.embeddings_scale = self.add_weight(
+            name="embeddings_scale",
+            shape=(self.vocabulary_size,),
+            initializer="ones",
+            trainable=False,
+        )
+        self._is_quantized = True
+
+    def _int8_call(self, inputs, reverse=False):
+        if reverse:
+            rows, rows_scale = keras.quantizers.abs_max_quantize(
+                inputs, axis=-1
+            )
+            logits = ops.matmul(rows, ops.transpose(self.embeddings))
+            return ops.divide(
+                ops.cast(logits, self.compute_dtype),
+                ops.multiply(rows_scale, self.embeddings_scale),
+            )
+        ids = ops.cast(inputs, "int32")
+        scale = ops.take(self.embeddings_scale, ids, axis=0)
+        outputs = ops.divide(
+            ops.cast(
+                ops.take(self.embeddings, ids, axis=0), self.compute_dtype
+            ),
+            ops.expand_dims(scale, axis=-1),
+        )
+        return self._scaled(outputs)
 
     def _project(self, inputs):
         kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from keras_transformer import backends
 from keras_transformer.generation.generator import Generator
+from keras_transformer.generation.quantization import quantize_model
 from tests.helpers import random_batch, tiny_model, to_numpy
 
 # `keras_transformer.marian.model_options` of an OPUS-MT checkpoint,
@@ -156,16 +157,16 @@ def test_onednn_products_and_their_fallback_decode_alike(monkeypatch, rng):
         return _step_by_step(model, batch, decode)[0]
 
     expected = logits(False)
-    assert torch_decoding.products(True) is torch_decoding._onednn_matmul
+    assert torch_decoding.float_product(True) is torch_decoding._onednn_matmul
     np.testing.assert_allclose(logits(True), expected, atol=1e-5, rtol=1e-5)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert torch_decoding.products(True) is torch_decoding._matmul
+    assert torch_decoding.float_product(True) is torch_decoding._matmul
     np.testing.assert_array_equal(logits(True), expected)
     # The switch: what the seam asks for, with the path on and off.
     asked = []
     monkeypatch.setattr(
         torch_decoding,
-        "products",
+        "float_product",
         lambda onednn: asked.append(onednn) or torch_decoding._matmul,
     )
     backends.cached_decoder(model, "stacked")
@@ -175,3 +176,63 @@ def test_onednn_products_and_their_fallback_decode_alike(monkeypatch, rng):
     assert asked == (
         [backends.enabled("onednn_matmul"), False] if served else []
     )
+
+
+def _int8_model(normalize_first):
+    """A copy of the Marian-shaped model, quantized by Keras (every
+    projection, the feed-forward kernels and the tied embedding)."""
+    source = _models[normalize_first]
+    model = type(source).from_config(source.get_config())
+    model.set_weights(source.get_weights())
+    quantize_model(model, "int8")
+    return model
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the onednn_int8 fast path serves torch's decoder step only",
+)
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_int8_step_is_kerass_int8_arithmetic(normalize_first, rng):
+    """A model quantized by Keras: with ``onednn_int8`` the fast step
+    computes its int8 layers and int8 tied embedding as Keras's int8
+    layer calls do (rows quantized per row, integer products, both
+    scales divided out), so its logits and cache are those of
+    `Transformer.decode` on the int8 model to float32 rounding; with
+    the path off, the step declines the model. Packings are made once
+    and made again after a kernel is assigned."""
+    from keras_transformer.backends import torch_decoding
+
+    model = _int8_model(normalize_first)
+    assert torch_decoding.cached_decoder(model, int8=False) is None
+    fast = torch_decoding.cached_decoder(model, int8=True)
+    batch = random_batch(rng, 3, 7, 5)
+    batch["decoder_padding_mask"][:] = 1
+    expected, expected_cache, _ = _step_by_step(model, batch, model.decode)
+    logits, cache, in_place = _step_by_step(model, batch, fast)
+    assert in_place
+    # Rounding differs in the last bit where a row's integers land on a
+    # half; far from the gap to the float model's logits (checked).
+    np.testing.assert_allclose(logits, expected, atol=2e-4, rtol=1e-4)
+    np.testing.assert_allclose(cache, expected_cache, atol=1e-4, rtol=1e-4)
+    float_logits, _, _ = _step_by_step(
+        _models[normalize_first], batch, _models[normalize_first].decode
+    )
+    assert np.abs(float_logits - expected).max() > 1e-2
+
+    with backends.disabled("onednn_int8"):
+        assert backends.cached_decoder(model, "stacked") is None
+    embedding = model.decoder_token_embedding
+    packed = torch_decoding._int8_matrix(
+        embedding.embeddings.value, embedding.embeddings_scale.value
+    )
+    assert (
+        torch_decoding._int8_matrix(
+            embedding.embeddings.value, embedding.embeddings_scale.value
+        )
+        is packed
+    )
+    embedding.embeddings_scale.assign(2 * to_numpy(embedding.embeddings_scale))
+    repacked = torch_decoding.cached_decoder(model, int8=True)
+    halved, _, _ = _step_by_step(model, batch, repacked)
+    assert not np.allclose(halved, logits, atol=1e-3)

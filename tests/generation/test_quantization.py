@@ -18,6 +18,10 @@ import numpy as np
 import pytest
 
 from keras_transformer.generation import Translator, corpus_bleu
+from keras_transformer.generation.quantization import (
+    quantize_model,
+    quantized_embeddings,
+)
 from tests.generation.conftest import (
     TRAINED_MAX_LENGTH,
     VOCABULARY_SIZE,
@@ -90,8 +94,10 @@ def _weights(model):
     return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
 
 
-def _assert_int8_kernels(model):
-    """Every kernel is int8, each with a float32 scale per output unit."""
+def _assert_int8_kernels(model, embeddings=True):
+    """Every kernel is int8, each with a float32 scale per output unit,
+    and the shared embedding int8 with a scale per token (or float32,
+    with ``embeddings`` false)."""
     weights = _weights(model)
     kernels = {p: w for p, w in weights.items() if p.endswith("/kernel")}
     # 1 encoder and 1 decoder layer: 4 + 4 + 4 attention projections and
@@ -102,7 +108,15 @@ def _assert_int8_kernels(model):
         assert np.abs(kernel).max() == 127, path  # abs-max scaling
         assert weights[f"{path}_scale"].dtype == np.float32, path
     embedding = weights["token_embedding/embeddings"]
-    assert embedding.dtype == np.float32
+    if not embeddings:
+        assert embedding.dtype == np.float32
+        assert "token_embedding/embeddings_scale" not in weights
+        return kernels
+    scale = weights["token_embedding/embeddings_scale"]
+    assert embedding.dtype == np.int8
+    assert scale.dtype == np.float32 and scale.shape == embedding.shape[:1]
+    # Abs-max per token: every row reaches 127 or -127.
+    np.testing.assert_array_equal(np.abs(embedding).max(axis=1), 127)
     return kernels
 
 
@@ -135,7 +149,8 @@ def test_int8_weights_are_saved_and_loaded_as_int8(quantized):
                 else None
             )
         )
-    assert sum(dtype == np.int8 for dtype in stored) == len(kernels)
+    assert sum(dtype == np.int8 for dtype in stored) == len(kernels) + 1
+    assert metadata["keras_transformer"]["quantized_embeddings"] is True
 
     loaded = Translator.from_pretrained(directory)
     assert loaded.quantization_mode == "int8"
@@ -193,6 +208,34 @@ def test_quantize_errors_name_the_value(
     # Refused before any work: the model is still float.
     assert fresh.quantization_mode is None
     assert all(w.dtype == "float32" for w in fresh.model.weights)
+
+
+def test_int8_directories_with_a_float_embedding_load_as_saved(
+    trained_model, letter_tokenizer, tmp_path
+):
+    """Translators quantized before the token embedding had an int8 form
+    hold it in float32, and their metadata has no
+    ``quantized_embeddings``: they load (and save again) as they were."""
+    translator = _translator(trained_model, letter_tokenizer)
+    quantize_model(translator.model, "int8", embeddings=False)
+    assert not quantized_embeddings(translator.model)
+    translator.save(tmp_path / "saved")
+    path = tmp_path / "saved" / "metadata.json"
+    metadata = json.loads(path.read_text())
+    assert metadata["keras_transformer"].pop("quantized_embeddings") is False
+    path.write_text(json.dumps(metadata))
+
+    loaded = Translator.from_pretrained(tmp_path / "saved")
+    assert loaded.quantization_mode == "int8"
+    _assert_int8_kernels(loaded.model, embeddings=False)
+    for path, value in _weights(translator.model).items():
+        np.testing.assert_array_equal(
+            _weights(loaded.model)[path], value, err_msg=path
+        )
+    assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
+    loaded.save(tmp_path / "again")
+    again = Translator.from_pretrained(tmp_path / "again")
+    _assert_int8_kernels(again.model, embeddings=False)
 
 
 @pytest.fixture(scope="module")

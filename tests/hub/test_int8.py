@@ -31,9 +31,14 @@ def test_int8_translator_round_trip(hub_translator):
     pushed = _weights(model)
     int8_paths = sorted(p for p, w in pushed.items() if w.dtype == np.int8)
     # One encoder layer (4 attention projections, 2 feed-forward
-    # matrices) and one decoder layer (8 and 2).
-    assert len(int8_paths) == 16
-    assert all(p.endswith("/kernel") for p in int8_paths)
+    # matrices), one decoder layer (8 and 2) and the shared embedding.
+    assert len(int8_paths) == 17
+    assert "token_embedding/embeddings" in int8_paths
+    assert all(
+        p.endswith("/kernel")
+        for p in int8_paths
+        if p != "token_embedding/embeddings"
+    )
 
     repo = f"{USER}/int8"
     commit = translator.push_to_hub(repo, token=TOKEN)
@@ -47,7 +52,12 @@ def test_int8_translator_round_trip(hub_translator):
         np.testing.assert_array_equal(tensors[path], value, err_msg=path)
     assert all(tensors[f"{p}_scale"].dtype == np.float32 for p in int8_paths)
     card = ModelCard.load(os.path.join(directory, "README.md"))
-    assert "| weights | int8: the kernels of the attention" in card.text
+    assert (
+        "| weights | int8 with float32 scales "
+        '(Keras `Model.quantize("int8")`): the kernels of the attention '
+        "projections and feed-forward networks (a scale per output unit) "
+        "and the shared embedding (per token); biases" in card.text
+    )
 
     loaded = kt.Translator.from_pretrained(f"hf://{repo}@{commit}")
     assert loaded.quantization_mode == "int8"

@@ -392,10 +392,11 @@ def test_fast_decoder_decodes_as_the_model(shapes, chunks, normalize_first):
 def test_torch_decoder_serves_the_models_it_computes(setting, monkeypatch, rng):
     """On torch, a float32 model with a stacked or split cache decodes
     through the ``torch_decoder`` fast path: no decoder layer's `call` is
-    reached. LoRA, a quantized layer, an activation it does not compute
-    (GELU) and a layer option the fast path does not know make it
-    decline (None), and the model's own `decode` runs; every setting
-    gives the logits of `Transformer.decode`."""
+    reached; so does an int8 model with the ``onednn_int8`` path. LoRA,
+    an activation it does not compute (GELU) and a layer option the fast
+    path does not know make it decline (None), and the model's own
+    `decode` runs; every setting gives the logits of
+    `Transformer.decode`."""
     activation = {"linear": "linear", "gelu": "gelu"}.get(setting, "relu")
     model = _randomized(tiny_model(activation=activation))
     if setting == "lora":
@@ -422,10 +423,9 @@ def test_torch_decoder_serves_the_models_it_computes(setting, monkeypatch, rng):
     expected, _ = _decode_in_chunks(model, batch, chunks, stacked)
     layout = "stacked" if stacked else "split"
     fast = backends.cached_decoder(model, layout)
-    served = backends.enabled("torch_decoder") and setting in (
-        "float32",
-        "linear",
-        "split",
+    served = backends.enabled("torch_decoder") and (
+        setting in ("float32", "linear", "split")
+        or (setting == "int8" and backends.enabled("onednn_int8"))
     )
     assert (fast is not None) == served
     calls = _count_decoder_layer_calls(monkeypatch)
@@ -576,9 +576,9 @@ def test_decode_without_cache_is_the_models_decoder(rng):
 
 
 def test_quantized_model_quantizes_the_head_projections(rng):
-    """`Model.quantize` reaches the attention projections, and the
-    decoder step of a search is then the model's own (no fast path
-    computes int8 layers)."""
+    """`Model.quantize` reaches the attention projections and the tied
+    token embedding; the decoder step of a search is the model's own
+    unless the ``onednn_int8`` fast path computes int8 layers (torch)."""
     model = tiny_model()
     batch = random_batch(rng, 2, 5, 4)
     model.quantize("int8")
@@ -590,7 +590,11 @@ def test_quantized_model_quantizes_the_head_projections(rng):
         attention.output_dense,
     ):
         assert dense.quantization_mode == "int8"
-    assert backends.cached_decoder(model, "stacked") is None
+    assert model.decoder_token_embedding.quantization_mode == "int8"
+    fast = backends.cached_decoder(model, "stacked")
+    assert (fast is not None) == (
+        backends.enabled("torch_decoder") and backends.enabled("onednn_int8")
+    )
     args = uncached_decoder_inputs(model, batch)
     logits = to_numpy(model.decode_without_cache(*args))
     assert logits.shape == (2, 4, model.vocabulary_size)
