@@ -289,7 +289,7 @@ def small_multi30k(tmp_path_factory):
     return directory
 
 
-def _train_argv(data_dir, output, max_steps):
+def _train_argv(data_dir, output, max_steps, test_limit=4):
     settings = {
         "steps_per_epoch": 10,
         "vocabulary_size": 600,
@@ -311,7 +311,7 @@ def _train_argv(data_dir, output, max_steps):
         "--max-steps",
         str(max_steps),
         "--test-limit",
-        "4",
+        str(test_limit),
         *set_arguments(settings),
     ]
     return argv
@@ -329,7 +329,9 @@ def test_a_redirected_train_log_is_plain(small_multi30k, tmp_path):
     log = tmp_path / "train.log"
     with open(log, "wb") as f:
         result = subprocess.run(
-            _train_argv(small_multi30k, tmp_path / "run", 20),
+            # 40 test sentences: more than a batch of the translator
+            # (32), where a terminal would get a progress bar.
+            _train_argv(small_multi30k, tmp_path / "run", 20, test_limit=40),
             stdout=f,
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,

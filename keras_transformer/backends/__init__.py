@@ -55,7 +55,7 @@ FAST_PATHS = {
         FastPath(
             "torch_decoder",
             ("torch",),
-            "the cached decoder step of a search as torch kernels "
+            "a cached search's encoder and decoder step as torch kernels "
             "(backends/torch_decoding.py) instead of Keras layer calls",
         ),
         FastPath(

@@ -1,5 +1,5 @@
-"""The ``torch_decoder`` fast path: a search's cached decoder step as
-torch kernels.
+"""The ``torch_decoder`` fast path: a search's cached decoder step, and
+the encoding of its sources, as torch kernels.
 
 Torch runs the search loop eagerly, and a one-token step of the base
 decoder makes about a hundred Keras layer calls and as many `keras.ops`
@@ -24,11 +24,13 @@ per search:
 - the attention masks of a step: computed once for every layer.
 
 The embeddings, positions (a table read once per search), final norm and
-tied output projection are torch kernels too. A model whose decoder is not
-what this module computes (float16 or bfloat16, quantized layers without
-``int8``, LoRA layers,
-a feed-forward activation other than ReLU, SiLU or linear, other
-normalizations, options it does not know) gets None, and its search runs
+tied output projection are torch kernels too. So is the encoder that
+fills a search's cross-attention cache (`encoder_layer`), for Keras's
+int8 layers compute their integer products slowly on torch's CPU. A
+model whose decoder is not what this module computes (float16 or
+bfloat16, quantized layers without ``int8``, LoRA layers, a feed-forward
+activation other than ReLU, SiLU or linear, other normalizations,
+options it does not know) gets None, and its search runs
 `Transformer.decode`.
 """
 
@@ -89,6 +91,11 @@ def cached_decoder(model, onednn=False, int8=False):
     int8 layers of a model quantized by Keras are computed too, by
     oneDNN's int8 kernel (None where torch lacks it).
 
+    The function has an attribute ``init_cache(source_ids, source_mask,
+    max_length, stacked)``: `Transformer.init_cache` of the sources'
+    `Transformer.encode` output, computed by the same kernels (None where
+    the encoder is not what this module computes).
+
     The weights are read here, as views of their variables, so weights
     assigned later in place are seen (int8 kernels are repacked when
     their variables change); call it again after quantizing a model or
@@ -97,10 +104,8 @@ def cached_decoder(model, onednn=False, int8=False):
     int8 = int8 and _has_onednn_int8()
     if model.compute_dtype != "float32":
         return None
-    layers = [
-        decoder_step_weights(layer, int8) for layer in model.decoder_layers
-    ]
-    ends = _embedding_and_logits(model, int8)
+    layers = [layer_weights(layer, int8) for layer in model.decoder_layers]
+    ends = _ends(model, "decoder", int8)
     if ends is None or any(w is None for w in layers):
         return None
     matmul = products(onednn)
@@ -122,9 +127,7 @@ def cached_decoder(model, onednn=False, int8=False):
             _self_attention_mask(steps, index, decoder_padding_mask),
             attention_mask_of_call(steps, source_length, encoder_padding_mask),
         )
-        # Embeddings x sqrt(d_model) plus positions (3.4, 3.5).
-        x = _embed(token_ids, ends["embeddings"]) * ends["scale"]
-        x = x + ends["positions"][index : index + steps]
+        x = _embedded(token_ids, ends, index)
         for weights, self_cache, cross_cache in zip(
             layers, self_caches, cross_caches, strict=True
         ):
@@ -139,6 +142,7 @@ def cached_decoder(model, onednn=False, int8=False):
         logits = matmul(rows, ends["projection"], ends["bias"])
         return logits.view(*x.shape[:-1], -1), cache
 
+    decode.init_cache = _cross_attention_cache(model, int8, layers, matmul)
     return decode
 
 
@@ -174,37 +178,33 @@ def _self_attention_mask(steps, index, decoder_padding_mask):
     )
 
 
-def _embedding_and_logits(model, int8):
-    """What the decoder step needs around its layers: the target
-    embeddings and the output projection, one matrix (tied), the
-    embeddings' scale, the position table, the final norm's parameters
-    and the logits bias; None for an untied output projection, or an
-    int8 embedding without ``int8``."""
-    if model.output_projection is not None:
-        return None
-    embedding = model.decoder_token_embedding
-    if embedding.quantization_mode is None:
-        matrix = _value(embedding.embeddings)
-        embeddings, projection = matrix, matrix.t()
-    elif embedding.quantization_mode == "int8" and int8:
-        # Keras's int8 embedding scheme: values over a scale per token.
-        values = _value(embedding.embeddings)
-        scale = _value(embedding.embeddings_scale)
-        embeddings = _Int8Embeddings(values, scale)
-        projection = _int8_matrix(values, scale)
-    else:
-        return None
-    positions = model.decoder_position_encoding(
-        torch.zeros((1, model.max_sequence_length, model.hidden_dim))
-    )[0]
-    norm = model.decoder_final_norm
+def _ends(model, side, int8):
+    """What the layers of a ``side`` (``"encoder"`` or ``"decoder"``)
+    need around them: its token embeddings, their scale, the position
+    table and the final norm's parameters; for the decoder also the
+    output projection (its embedding matrix, tied) and the logits bias.
+    None for an untied output projection, an int8 embedding without
+    ``int8``, or a final norm this module does not compute."""
+    embedding = getattr(model, f"{side}_token_embedding")
+    norm = getattr(model, f"{side}_final_norm")
     if norm is not None and not (
         _plain(norm) and not norm.rms_scaling and norm.axis in (-1, [-1])
     ):
         return None
-    return {
+    if embedding.quantization_mode is None:
+        embeddings = _value(embedding.embeddings)
+    elif embedding.quantization_mode == "int8" and int8:
+        # Keras's int8 embedding scheme: values over a scale per token.
+        embeddings = _Int8Embeddings(
+            _value(embedding.embeddings), _value(embedding.embeddings_scale)
+        )
+    else:
+        return None
+    positions = getattr(model, f"{side}_position_encoding")(
+        torch.zeros((1, model.max_sequence_length, model.hidden_dim))
+    )[0]
+    ends = {
         "embeddings": embeddings,
-        "projection": projection,
         "scale": math.sqrt(model.hidden_dim) if embedding.scale else 1.0,
         "positions": positions,
         "final_norm": None
@@ -214,10 +214,79 @@ def _embedding_and_logits(model, int8):
             _optional_value(norm.beta),
             norm.epsilon,
         ),
-        "bias": None
-        if model.output_bias is None
-        else _value(model.output_bias.bias),
     }
+    if side == "encoder":
+        return ends
+    if model.output_projection is not None:
+        return None
+    if isinstance(embeddings, _Int8Embeddings):
+        ends["projection"] = _int8_matrix(*embeddings)
+    else:
+        ends["projection"] = embeddings.t()
+    ends["bias"] = (
+        None if model.output_bias is None else _value(model.output_bias.bias)
+    )
+    return ends
+
+
+def _embedded(token_ids, ends, start=0):
+    """Embeddings x sqrt(d_model) plus positions (3.4, 3.5)."""
+    x = _embed(token_ids, ends["embeddings"]) * ends["scale"]
+    return x + ends["positions"][start : start + token_ids.shape[1]]
+
+
+def _cross_attention_cache(model, int8, layers, matmul):
+    """``init_cache(source_ids, source_mask, max_length, stacked)``:
+    `Transformer.init_cache` of `Transformer.encode`'s output, the encoder
+    and the decoder layers' cross-attention keys and values computed here
+    (section 3.2.3: they attend over the encoder output); None where the
+    encoder is not what this module computes."""
+    encoder = [layer_weights(layer, int8) for layer in model.encoder_layers]
+    ends = _ends(model, "encoder", int8)
+    if ends is None or any(w is None for w in encoder):
+        return None
+
+    def init_cache(source_ids, source_mask, max_length, stacked):
+        source_ids = keras.ops.convert_to_tensor(source_ids, "int32")
+        batch, length = source_ids.shape
+        x = _embedded(source_ids, ends)
+        mask = attention_mask_of_call(length, length, source_mask)
+        for weights in encoder:
+            x = encoder_layer(weights, x, mask, matmul)
+        if ends["final_norm"] is not None:
+            x = _normalize(x, ends["final_norm"])
+        rows = x.reshape(batch * length, -1)
+        cross = tuple(
+            tuple(
+                _heads(rows, projection, batch, heads, matmul)
+                for projection in w["cross_attention_keys_values"]
+            )
+            for w in layers
+            for heads in [w["cross_attention_heads"]]
+        )
+        heads = (model.num_heads, model.hidden_dim // model.num_heads)
+        shape = (batch, heads[0], max_length, heads[1])
+        zeros = [(torch.zeros(shape), torch.zeros(shape)) for _ in layers]
+        if not stacked:
+            return {"self_attention": tuple(zeros), "cross_attention": cross}
+        # (batch, layers, 2, length, heads, head_dim)
+        return {
+            "self_attention": _stacked(zeros),
+            "cross_attention": _stacked(cross),
+        }
+
+    return init_cache
+
+
+def _stacked(pairs):
+    """A stacked cache of the ``(keys, values)`` pairs of a split one."""
+    return torch.stack(
+        [
+            torch.stack([k.transpose(1, 2), v.transpose(1, 2)], 1)
+            for k, v in pairs
+        ],
+        1,
+    )
 
 
 # --- helpers
@@ -407,36 +476,36 @@ def _plain(layer, int8=False):
     )
 
 
-def decoder_step_weights(layer, int8=False):
-    """What `decoder_step` needs of a `TransformerDecoderLayer`: its
-    matrices and bias rows, layer norm parameters, feed-forward
-    activation, head counts and norm order. The tensors are views of the
-    variables, so weights assigned later are seen (Keras assigns torch
-    variables in place).
+def layer_weights(layer, int8=False):
+    """What `decoder_step` needs of a `TransformerDecoderLayer`, or
+    `encoder_layer` of a `TransformerEncoderLayer`: its matrices and bias
+    rows, layer norm parameters, feed-forward activation, head counts and
+    norm order. The tensors are views of the variables, so weights
+    assigned later are seen (Keras assigns torch variables in place).
 
-    None where a sublayer is not what `decoder_step` computes: not
+    None where a sublayer is not what those functions compute: not
     float32, quantized (to anything but int8, or at all without
     ``int8``), with LoRA, another activation or another normalization;
     and for a layer with options it does not know.
     """
-    self_attention = layer.self_attention
-    cross_attention = layer.cross_attention
+    cross = getattr(layer, "cross_attention", None)
+    attentions = [layer.self_attention] + ([cross] if cross else [])
     feed_forward = layer.feed_forward
     intermediate = feed_forward.intermediate_dense
     projections = [
-        self_attention.query_dense,
-        self_attention.key_dense,
-        self_attention.value_dense,
-        self_attention.output_dense,
-        cross_attention.query_dense,
-        cross_attention.output_dense,
+        projection
+        for attention in attentions
+        for projection in (
+            attention.query_dense,
+            attention.key_dense,
+            attention.value_dense,
+            attention.output_dense,
+        )
     ]
-    norms = [
-        layer.self_attention_norm,
-        layer.cross_attention_norm,
-        layer.feed_forward_norm,
-    ]
-    sublayers = [self_attention, cross_attention, feed_forward, intermediate]
+    norms = [layer.self_attention_norm, layer.feed_forward_norm]
+    if cross:
+        norms.insert(1, layer.cross_attention_norm)
+    sublayers = [*attentions, feed_forward, intermediate]
     sublayers += [feed_forward.output_dense, *projections, *norms]
     if not (
         _options(layer) <= _DECODER_CONFIG
@@ -464,17 +533,12 @@ def decoder_step_weights(layer, int8=False):
     def dense(layer):
         return _dense_matrix(layer), _optional_value(layer.bias)
 
-    return {
+    def heads(attention):
+        return attention.num_heads, attention.head_dim
+
+    weights = {
         "self_attention": matrices[:4],
-        "self_attention_heads": (
-            self_attention.num_heads,
-            self_attention.head_dim,
-        ),
-        "cross_attention": matrices[4:],
-        "cross_attention_heads": (
-            cross_attention.num_heads,
-            cross_attention.head_dim,
-        ),
+        "self_attention_heads": heads(layer.self_attention),
         "norms": [
             (
                 _optional_value(norm.gamma),
@@ -488,6 +552,61 @@ def decoder_step_weights(layer, int8=False):
         "activation": _ACTIVATIONS[intermediate.activation],
         "output": dense(feed_forward.output_dense),
     }
+    if cross:
+        query, key, value, output = matrices[4:]
+        # The keys and values are the encoder output's (`init_cache`).
+        weights["cross_attention"] = [query, output]
+        weights["cross_attention_keys_values"] = [key, value]
+        weights["cross_attention_heads"] = heads(cross)
+    return weights
+
+
+def encoder_layer(weights, x, mask, matmul=_matmul):
+    """`TransformerEncoderLayer.call` at inference as the arithmetic it
+    comes to, as `decoder_step` computes a decoder layer. ``x``:
+    ``(batch, length, width)``; ``mask``: the boolean self-attention mask
+    of the sources' padding. Returns ``(batch, length, width)``."""
+    batch, length, width = x.shape
+    self_norm, feed_forward_norm = weights["norms"]
+    first = weights["normalize_first"]
+
+    def self_attention(rows):
+        query, key, value, output = weights["self_attention"]
+        heads = weights["self_attention_heads"]
+        attended = _dot_product_attention(
+            *(
+                _heads(rows, projection, batch, heads, matmul)
+                for projection in (query, key, value)
+            ),
+            mask,
+            _scale(heads),
+        )
+        return matmul(attended.reshape(batch * length, -1), *output)
+
+    rows = x.reshape(batch * length, width)
+    rows = _residual(rows, self_norm, first, self_attention)
+    rows = _residual(
+        rows,
+        feed_forward_norm,
+        first,
+        lambda r: _feed_forward(r, weights, matmul),
+    )
+    return rows.view(batch, length, width)
+
+
+def _residual(rows, norm, normalize_first, sublayer):
+    # Vaswani et al., 2017, 5.4: LayerNorm(x + Sublayer(x)); or pre-norm.
+    if normalize_first:
+        return rows + sublayer(_normalize(rows, norm))
+    return _normalize(rows + sublayer(rows), norm)
+
+
+def _feed_forward(rows, weights, matmul):
+    # Section 3.3: max(0, x W_1 + b_1) W_2 + b_2 (or another activation).
+    hidden = matmul(rows, *weights["intermediate"])
+    if weights["activation"] is not None:
+        hidden = weights["activation"](hidden)
+    return matmul(hidden, *weights["output"])
 
 
 def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
@@ -510,10 +629,7 @@ def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
     self_mask, cross_mask = masks
 
     def residual(rows, norm, sublayer):
-        # Vaswani et al., 2017, 5.4: LayerNorm(x + Sublayer(x)).
-        if weights["normalize_first"]:
-            return rows + sublayer(_normalize(rows, norm))
-        return _normalize(rows + sublayer(rows), norm)
+        return _residual(rows, norm, weights["normalize_first"], sublayer)
 
     def self_attention(rows):
         query, key, value, output = weights["self_attention"]
@@ -546,16 +662,12 @@ def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
         )
         return matmul(attended.reshape(batch * steps, -1), *output)
 
-    def feed_forward(rows):
-        hidden = matmul(rows, *weights["intermediate"])
-        if weights["activation"] is not None:
-            hidden = weights["activation"](hidden)
-        return matmul(hidden, *weights["output"])
-
     rows = x.reshape(batch * steps, width)
     rows = residual(rows, self_norm, self_attention)
     rows = residual(rows, cross_norm, cross_attention)
-    rows = residual(rows, feed_forward_norm, feed_forward)
+    rows = residual(
+        rows, feed_forward_norm, lambda r: _feed_forward(r, weights, matmul)
+    )
     return rows.view(batch, steps, width)
 
 

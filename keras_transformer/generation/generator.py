@@ -303,16 +303,27 @@ class Generator:
         the sources encoded once, each repeated for its ``key.copies``
         rows."""
         model = self.model
-        encoded = model.encode(source_ids, source_mask)
         if not key.use_cache:
             constants = {
-                "encoder_output": _repeat(encoded, key.copies),
+                "encoder_output": _repeat(
+                    model.encode(source_ids, source_mask), key.copies
+                ),
                 "encoder_padding_mask": _repeat(source_mask, key.copies),
             }
             return self._full_step, {}, constants
-        full_cache = model.init_cache(
-            encoded, key.max_length, stacked=self.cache_layout == "stacked"
-        )
+        # The model's decoder step, or a backend's fast path for it (which
+        # may encode the sources too), chosen once per search.
+        decode = backends.cached_decoder(model, self.cache_layout)
+        stacked = self.cache_layout == "stacked"
+        if getattr(decode, "init_cache", None) is not None:
+            full_cache = decode.init_cache(
+                source_ids, source_mask, key.max_length, stacked
+            )
+        else:
+            encoded = model.encode(source_ids, source_mask)
+            full_cache = model.init_cache(
+                encoded, key.max_length, stacked=stacked
+            )
         rows = key.batch_size * key.copies
         # Zeros of their own for every row (not a repeat, which may be a
         # broadcast view): torch decoding writes into them.
@@ -331,9 +342,6 @@ class Generator:
             ),
             "encoder_padding_mask": _repeat(source_mask, key.copies),
         }
-        # The model's decoder step, or a backend's fast path for it,
-        # chosen once per search.
-        decode = backends.cached_decoder(model, self.cache_layout)
         step_fn = functools.partial(self._cached_step, decode or model.decode)
         return step_fn, cache, constants
 

@@ -575,6 +575,9 @@ def run_recipe(
         stopped_by_time_limit=time_limit.stopped,
         test_pairs=splits.test[:test_limit] if evaluate else None,
         best=best,
+        # The test set's progress bar where fit shows bars (not with 0,
+        # nor with 2, one plain line per epoch for a redirected log).
+        progress=verbose not in (0, 2),
     )
 
 
@@ -1146,10 +1149,11 @@ def _finish(
     stopped_by_time_limit,
     test_pairs,
     best,
+    progress=True,
 ):
     """Averages the last checkpoints (section 6.1), saves the translator,
-    evaluates it on the test pairs (unless None) and writes
-    ``results.json``."""
+    evaluates it on the test pairs (unless None; a progress bar with
+    ``progress``) and writes ``results.json``."""
     from keras_transformer.distribute import on_this_process, whole_copy
     from keras_transformer.generation import Translator
     from keras_transformer.training import (
@@ -1173,7 +1177,7 @@ def _finish(
         translator = Translator(model, tokenizer, **run.generation)
         translator.save(run.output)
         if test_pairs is not None:
-            bleu, signature = _test_bleu(run, translator, test_pairs)
+            bleu, signature = _test_bleu(run, translator, test_pairs, progress)
     summary = RunSummary(
         recipe=recipe.name,
         output=run.output,
@@ -1210,7 +1214,7 @@ def _best_epoch(best):
     }
 
 
-def _test_bleu(run, translator, test_pairs):
+def _test_bleu(run, translator, test_pairs, progress):
     """sacreBLEU of the translator on the test pairs and its signature;
     the translations go to ``test_translations.txt``."""
     from keras_transformer.generation import evaluate_bleu
@@ -1219,6 +1223,7 @@ def _test_bleu(run, translator, test_pairs):
         translator,
         [s for s, _ in test_pairs],
         [t for _, t in test_pairs],
+        verbose="auto" if progress else False,
     )
     with open(os.path.join(run.output, "test_translations.txt"), "w") as f:
         f.writelines(h + "\n" for h in result.hypotheses)

@@ -236,3 +236,34 @@ def test_int8_step_is_kerass_int8_arithmetic(normalize_first, rng):
     repacked = torch_decoding.cached_decoder(model, int8=True)
     halved, _, _ = _step_by_step(model, batch, repacked)
     assert not np.allclose(halved, logits, atol=1e-3)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the torch_decoder fast path serves torch only",
+)
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_fast_path_encodes_as_the_model(int8, stacked, rng):
+    """The fast path's ``init_cache`` (encoder and cross-attention keys
+    and values by the same kernels) gives `Transformer.init_cache` of
+    `Transformer.encode`, for a float and an int8 model, both layouts,
+    with padded sources."""
+    from keras_transformer.backends import torch_decoding
+
+    model = _int8_model(False) if int8 else _models[False]
+    fast = torch_decoding.cached_decoder(model, onednn=True, int8=int8)
+    batch = random_batch(rng, 3, 7, 5)
+    ids, mask = batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    assert mask.min() == 0  # some padding
+    expected = model.init_cache(model.encode(ids, mask), 9, stacked=stacked)
+    cache = fast.init_cache(ids, mask, 9, stacked)
+    expected, cache = (
+        keras.tree.map_structure(to_numpy, c) for c in (expected, cache)
+    )
+    keras.tree.assert_same_structure(cache, expected)
+    for got, want in zip(
+        keras.tree.flatten(cache), keras.tree.flatten(expected), strict=True
+    ):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
