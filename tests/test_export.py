@@ -223,7 +223,7 @@ def test_export_replaces_atomically(exported):
     assert not (beam / "stale.txt").exists()
     assert (beam / "saved_model.pb").is_file()
     # No staging or set-aside directory is left next to the exports.
-    assert sorted(os.listdir(beam.parent)) == ["beam", "greedy"]
+    assert sorted(os.listdir(beam.parent)) == ["beam", "greedy", "int8"]
 
 
 def test_export_refuses_a_non_empty_directory(translators, tmp_path):
