@@ -10,7 +10,9 @@ it comes to: each decoder layer (section 3.1, post-norm as in 5.4, or
 pre-norm) as one function of torch kernels, with its weights read once
 per search:
 
-- projections: one matrix product each, the bias added inside it: by
+- projections: one matrix product each (self-attention's query, key
+  and value together, for they project the same rows), the bias added
+  inside it: by
   `torch.addmm`, or with the ``onednn_matmul`` fast path by oneDNN's
   linear kernel (`_onednn_matmul`); for a model quantized to int8 by
   `Translator.quantize`, with the ``onednn_int8`` fast path, by oneDNN's
@@ -21,6 +23,8 @@ per search:
   and values into the stacked cache in place, instead of copying the
   whole cache as `ops.slice_update` does, and attends over the positions
   written so far, not the whole buffer, which the causal mask would hide;
+  the beams (or samples) of a source attend over one copy of its encoder
+  output's keys and values, cut to its batch's longest source;
 - the attention masks of a step: computed once for every layer.
 
 The embeddings, positions (a table read once per search), final norm and
@@ -91,15 +95,21 @@ def cached_decoder(model, onednn=False, int8=False):
     int8 layers of a model quantized by Keras are computed too, by
     oneDNN's int8 kernel (None where torch lacks it).
 
+    The cross-attention cache may hold one row per source for several
+    consecutive rows of ``token_ids`` (a source's beams or samples), which
+    attend over it together; the padding mask has a row per row.
+
     The function has an attribute ``init_cache(source_ids, source_mask,
     max_length, stacked)``: `Transformer.init_cache` of the sources'
-    `Transformer.encode` output, computed by the same kernels (None where
+    `Transformer.encode` output, computed by the same kernels, without
+    the trailing source columns that are padding in every row (None where
     the encoder is not what this module computes).
 
-    The weights are read here, as views of their variables, so weights
-    assigned later in place are seen (int8 kernels are repacked when
-    their variables change); call it again after quantizing a model or
-    enabling LoRA.
+    The weights are read here: as views of their variables, or as
+    tensors made of them (int8 packings; self-attention's query, key and
+    value kernels side by side) and kept with the variables until one of
+    them is assigned. Call it again after assigning weights, quantizing a
+    model or enabling LoRA.
     """
     int8 = int8 and _has_onednn_int8()
     if model.compute_dtype != "float32":
@@ -122,10 +132,11 @@ def cached_decoder(model, onednn=False, int8=False):
         self_caches = _layer_caches(cache["self_attention"])
         cross_caches = _layer_caches(cache["cross_attention"])
         steps = token_ids.shape[1]
-        source_length = cross_caches[0][0].shape[2]
         masks = (
             _self_attention_mask(steps, index, decoder_padding_mask),
-            attention_mask_of_call(steps, source_length, encoder_padding_mask),
+            _cross_attention_mask(
+                cross_caches[0][0], token_ids.shape[0], encoder_padding_mask
+            ),
         )
         x = _embedded(token_ids, ends, index)
         for weights, self_cache, cross_cache in zip(
@@ -156,6 +167,19 @@ def _layer_caches(cache):
         (cache[:, i, 0].transpose(1, 2), cache[:, i, 1].transpose(1, 2))
         for i in range(cache.shape[1])
     ]
+
+
+def _cross_attention_mask(keys, rows, encoder_padding_mask):
+    """The padding mask of the sources whose cross-attention ``keys``
+    (``(sources, heads, length, head_dim)``) serve ``rows`` rows,
+    ``(sources, 1, 1, length)``: each source's row of
+    ``encoder_padding_mask`` (one per row, the copies of a source
+    consecutive), up to the cached length."""
+    if encoder_padding_mask is None:
+        return None
+    sources, _, length, _ = keys.shape
+    mask = keras.ops.convert_to_tensor(encoder_padding_mask)
+    return attention_mask_of_call(1, length, mask[:: rows // sources, :length])
 
 
 def _self_attention_mask(steps, index, decoder_padding_mask):
@@ -247,7 +271,7 @@ def _cross_attention_cache(model, int8, layers, matmul):
         return None
 
     def init_cache(source_ids, source_mask, max_length, stacked):
-        source_ids = keras.ops.convert_to_tensor(source_ids, "int32")
+        source_ids, source_mask = _unpadded(source_ids, source_mask)
         batch, length = source_ids.shape
         x = _embedded(source_ids, ends)
         mask = attention_mask_of_call(length, length, source_mask)
@@ -276,6 +300,19 @@ def _cross_attention_cache(model, int8, layers, matmul):
         }
 
     return init_cache
+
+
+def _unpadded(source_ids, source_mask):
+    """The sources without the trailing columns that are padding in every
+    row: nothing attends to them (section 3.2.3), so the encoder output
+    at the other positions, and the search, are the same without them."""
+    source_ids = keras.ops.convert_to_tensor(source_ids, "int32")
+    if source_mask is None:
+        return source_ids, None
+    source_mask = keras.ops.convert_to_tensor(source_mask)
+    visible = torch.nonzero(source_mask.any(0))
+    length = int(visible[-1, 0]) + 1 if len(visible) else 1
+    return source_ids[:, :length], source_mask[:, :length]
 
 
 def _stacked(pairs):
@@ -379,32 +416,53 @@ def _embed(token_ids, embeddings):
     return F.embedding(token_ids, embeddings)
 
 
+def _kept(tensor, name, versions, make):
+    """``make()``, kept on ``tensor`` (a variable's) under ``name`` and
+    made again only when ``versions`` (the ``_version`` counters of the
+    tensors it is made of) change: torch counts in-place writes, so an
+    assigned variable is seen."""
+    kept = getattr(tensor, "_keras_transformer_kept", None)
+    if kept is None:
+        kept = tensor._keras_transformer_kept = {}
+    known = kept.get(name)
+    if known is not None and known[0] == versions:
+        return known[1]
+    value = make()
+    kept[name] = (versions, value)
+    return value
+
+
 def _int8_matrix(values, scale, input_axes=None):
-    """`_Int8Matrix` of a Keras int8 variable ``values`` with ``scale``,
-    its float scale per output unit (values = float x scale): a kernel
-    whose first ``input_axes`` axes are its inputs, or (``input_axes``
-    None) an embedding matrix, ``(outputs, inputs)``.
+    """`_Int8Matrix` of Keras int8 variables ``values`` with ``scale``,
+    their float scale per output unit (values = float x scale): kernels
+    whose first ``input_axes`` axes are their inputs, or (``input_axes``
+    None) an embedding matrix, ``(outputs, inputs)``. ``values`` and
+    ``scale`` may be lists of kernels with the same inputs, whose outputs
+    are concatenated: one product computes them all.
 
     Packing the output projection of a large vocabulary takes a large
-    part of a search, so the packing is kept on the variable's tensor and
-    made again only when the variable or its scale has been assigned
-    since (torch counts in-place writes in ``_version``).
+    part of a search, so the packing is kept on the first variable's
+    tensor (`_kept`).
     """
-    version = (values._version, scale._version)
-    known = getattr(values, "_onednn_int8", None)
-    if known is not None and known[0] == version:
-        return known[1]
-    weight = values
-    if input_axes is not None:
-        weight = values.reshape(math.prod(values.shape[:input_axes]), -1).t()
-    outputs = weight.shape[0]
-    matrix = _Int8Matrix(
-        torch.ops.onednn.qlinear_prepack(weight.contiguous(), None),
-        (1.0 / scale.detach()).reshape(outputs),
-        torch.zeros(outputs, dtype=torch.int32),
-    )
-    values._onednn_int8 = (version, matrix)
-    return matrix
+    values, scale = (x if isinstance(x, list) else [x] for x in (values, scale))
+
+    def pack():
+        weights = [
+            v
+            if input_axes is None
+            else v.reshape(math.prod(v.shape[:input_axes]), -1).t()
+            for v in values
+        ]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+        scales = torch.cat([s.detach().reshape(-1) for s in scale])
+        return _Int8Matrix(
+            torch.ops.onednn.qlinear_prepack(weight.contiguous(), None),
+            1.0 / scales,
+            torch.zeros(weight.shape[0], dtype=torch.int32),
+        )
+
+    versions = tuple(t._version for t in values + scale)
+    return _kept(values[0], f"onednn_int8_{len(values)}", versions, pack)
 
 
 def _int8_matmul(rows, kernel, bias):
@@ -418,9 +476,11 @@ def _int8_matmul(rows, kernel, bias):
     row_scale = 127.0 / (
         rows.abs().amax(dim=-1, keepdim=True) + keras.config.epsilon()
     )
-    integers = torch.round(rows * row_scale).clamp_(-127, 127)
+    # Keras clips the integers to [-127, 127], where a row's abs-max
+    # scaling already puts them.
+    integers = torch.mul(rows, row_scale).round_().add_(128)
     products = torch.ops.onednn.qlinear_pointwise(
-        integers.add_(128).to(torch.uint8),
+        integers.to(torch.uint8),
         1.0,
         128,
         kernel.packed,
@@ -439,16 +499,46 @@ def _int8_matmul(rows, kernel, bias):
     return torch.addcdiv(bias, products, row_scale)
 
 
-def _projection_matrix(layer, axes):
-    """A head projection's kernel as an ``(inputs, outputs)`` matrix,
-    and its bias as one row (or None): views of the variables, or an
-    `_Int8Matrix`."""
-    kernel = _value(layer.kernel)
-    matrix = _dense_matrix(layer, axes)
-    if layer.bias is None:
+def _projection_matrix(layers, axes):
+    """Head projections with the same inputs (one, or the query, key and
+    value projections of self-attention, whose outputs are concatenated
+    so that one product computes them) as an ``(inputs, outputs)``
+    matrix, and their biases as one row (or None): views of the
+    variables, a concatenation kept with them (`_kept`), or an
+    `_Int8Matrix`. None where some are quantized and others not."""
+    kernels = [_value(layer.kernel) for layer in layers]
+    modes = {layer.quantization_mode for layer in layers}
+    if len(modes) > 1:
+        return None
+    if modes != {None}:
+        scales = [_value(layer.kernel_scale) for layer in layers]
+        matrix = _int8_matrix(kernels, scales, axes)
+    elif len(kernels) == 1:
+        matrix = _dense_matrix(layers[0], axes)
+    else:
+        matrix = _kept(
+            kernels[0],
+            f"concatenated_{len(kernels)}",
+            tuple(k._version for k in kernels),
+            lambda: torch.cat([_matrix(k, axes) for k in kernels], 1),
+        )
+    if all(layer.bias is None for layer in layers):
         return matrix, None
-    kept = kernel.shape[axes:]
-    return matrix, torch.broadcast_to(_value(layer.bias), kept).reshape(-1)
+    biases = [
+        torch.zeros(k.shape[axes:])
+        if layer.bias is None
+        else _value(layer.bias)
+        for layer, k in zip(layers, kernels, strict=True)
+    ]
+    rows = [
+        torch.broadcast_to(b, k.shape[axes:]).reshape(-1)
+        for b, k in zip(biases, kernels, strict=True)
+    ]
+    return matrix, torch.cat(rows) if len(rows) > 1 else rows[0]
+
+
+def _matrix(kernel, input_axes):
+    return kernel.reshape(math.prod(kernel.shape[:input_axes]), -1)
 
 
 def _dense_matrix(layer, input_axes=1):
@@ -459,7 +549,7 @@ def _dense_matrix(layer, input_axes=1):
     kernel = _value(layer.kernel)
     if layer.quantization_mode is not None:
         return _int8_matrix(kernel, _value(layer.kernel_scale), input_axes)
-    return kernel.reshape(math.prod(kernel.shape[:input_axes]), -1)
+    return _matrix(kernel, input_axes)
 
 
 # --- the decoder layer step
@@ -526,9 +616,17 @@ def layer_weights(layer, int8=False):
         )
     ):
         return None
-    matrices = [
-        _projection_matrix(p, _CONTRACTED_AXES[p.equation]) for p in projections
-    ]
+
+    def projection(*layers):
+        return _projection_matrix(layers, _CONTRACTED_AXES[layers[0].equation])
+
+    # Self-attention's query, key and value: one product (their inputs
+    # are the same rows); cross-attention's keys and values are the
+    # encoder output's (`init_cache`).
+    matrices = [projection(*projections[:3]), projection(projections[3])]
+    matrices += [projection(p) for p in projections[4:]]
+    if any(m is None for m in matrices):
+        return None
 
     def dense(layer):
         return _dense_matrix(layer), _optional_value(layer.bias)
@@ -537,7 +635,7 @@ def layer_weights(layer, int8=False):
         return attention.num_heads, attention.head_dim
 
     weights = {
-        "self_attention": matrices[:4],
+        "self_attention": matrices[:2],
         "self_attention_heads": heads(layer.self_attention),
         "norms": [
             (
@@ -553,8 +651,7 @@ def layer_weights(layer, int8=False):
         "output": dense(feed_forward.output_dense),
     }
     if cross:
-        query, key, value, output = matrices[4:]
-        # The keys and values are the encoder output's (`init_cache`).
+        query, key, value, output = matrices[2:]
         weights["cross_attention"] = [query, output]
         weights["cross_attention_keys_values"] = [key, value]
         weights["cross_attention_heads"] = heads(cross)
@@ -571,13 +668,10 @@ def encoder_layer(weights, x, mask, matmul=_matmul):
     first = weights["normalize_first"]
 
     def self_attention(rows):
-        query, key, value, output = weights["self_attention"]
+        query_key_value, output = weights["self_attention"]
         heads = weights["self_attention_heads"]
         attended = _dot_product_attention(
-            *(
-                _heads(rows, projection, batch, heads, matmul)
-                for projection in (query, key, value)
-            ),
+            *_heads(rows, query_key_value, batch, heads, matmul, parts=3),
             mask,
             _scale(heads),
         )
@@ -619,9 +713,11 @@ def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
     positions ``[0, index + steps)`` (`_self_attention_mask`);
     ``cache``: this layer's keys and values, ``(batch, heads, max_length,
     head_dim)`` each (views of the model's cache), written at ``index``
-    in place; ``cross_cache``: the encoder output's, ``(batch, heads,
-    source_length, head_dim)`` each (`_layer_caches`); ``matmul``: the
-    matrix product (`products`).
+    in place; ``cross_cache``: the encoder output's, ``(sources, heads,
+    source_length, head_dim)`` each (`_layer_caches`), where each source
+    serves ``batch / sources`` consecutive rows, and the cross-attention
+    mask is ``(sources, 1, 1, source_length)``; ``matmul``: the matrix
+    product (`products`).
     Returns the layer's output, ``(batch, steps, width)``.
     """
     batch, steps, width = x.shape
@@ -632,18 +728,19 @@ def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
         return _residual(rows, norm, weights["normalize_first"], sublayer)
 
     def self_attention(rows):
-        query, key, value, output = weights["self_attention"]
+        query_key_value, output = weights["self_attention"]
         heads = weights["self_attention_heads"]
         keys, values = cache
+        query, key, value = _heads(
+            rows, query_key_value, batch, heads, matmul, parts=3
+        )
         # The positions written so far; `self_mask` covers them alone.
         length = index + steps
-        for projection, stored in ((key, keys), (value, values)):
-            # (batch, heads, steps, head_dim), written in place.
-            stored[:, :, index:length] = _heads(
-                rows, projection, batch, heads, matmul
-            )
+        # (batch, heads, steps, head_dim), written in place.
+        keys[:, :, index:length] = key
+        values[:, :, index:length] = value
         attended = _dot_product_attention(
-            _heads(rows, query, batch, heads, matmul),
+            query,
             keys[:, :, :length],
             values[:, :, :length],
             self_mask,
@@ -654,8 +751,11 @@ def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
     def cross_attention(rows):
         query, output = weights["cross_attention"]
         heads = weights["cross_attention_heads"]
+        # The rows of a source (its beams or samples) attend over its one
+        # copy of the encoder output's keys and values together.
+        sources = cross_cache[0].shape[0]
         attended = _dot_product_attention(
-            _heads(rows, query, batch, heads, matmul),
+            _heads(rows, query, sources, heads, matmul),
             *cross_cache,
             cross_mask,
             _scale(heads),
@@ -684,10 +784,13 @@ def _normalize(rows, norm):
 # --- ops
 
 
-def _heads(rows, projection, batch, heads, matmul):
+def _heads(rows, projection, batch, heads, matmul, parts=1):
     """A head projection of ``(batch * steps, width)`` rows, ``(batch,
-    heads, steps, head_dim)``."""
-    return matmul(rows, *projection).view(batch, -1, *heads).transpose(1, 2)
+    heads, steps, head_dim)``; for a projection of ``parts`` concatenated
+    ones (query, key and value), a tuple of them."""
+    projected = matmul(rows, *projection).view(batch, -1, parts, *heads)
+    split = [x.transpose(1, 2) for x in projected.unbind(2)]
+    return split[0] if parts == 1 else tuple(split)
 
 
 def _dot_product_attention(query, key, value, mask=None, scale=None):

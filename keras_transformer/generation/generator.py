@@ -315,11 +315,15 @@ class Generator:
         # may encode the sources too), chosen once per search.
         decode = backends.cached_decoder(model, self.cache_layout)
         stacked = self.cache_layout == "stacked"
+        # A fast path that encodes shares each source's cross-attention
+        # keys and values among the source's rows, unrepeated.
+        cross_copies = 1
         if getattr(decode, "init_cache", None) is not None:
             full_cache = decode.init_cache(
                 source_ids, source_mask, key.max_length, stacked
             )
         else:
+            cross_copies = key.copies
             encoded = model.encode(source_ids, source_mask)
             full_cache = model.init_cache(
                 encoded, key.max_length, stacked=stacked
@@ -337,7 +341,7 @@ class Generator:
         }
         constants = {
             "cross_attention": keras.tree.map_structure(
-                lambda x: _repeat(x, key.copies),
+                lambda x: _repeat(x, cross_copies),
                 full_cache["cross_attention"],
             ),
             "encoder_padding_mask": _repeat(source_mask, key.copies),

@@ -170,6 +170,31 @@ def _process_log_probs(
     return log_probs
 
 
+def _top_log_probs(
+    logits, banned, k, index, row_max_lengths, end_id, force_end, renormalize
+):
+    """The ``k`` most probable tokens of each row, ``(log_probs, ids)``,
+    ``(rows, k)`` each, best first, with the log-probabilities that
+    `_process_log_probs` gives them; only these ``k`` columns are
+    forced or renormalized, so a step makes no more vocabulary-sized
+    tensors than the log-softmax and its banned tokens. (Of a forced row,
+    the first is the end token at 0, the others -inf.)"""
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    log_probs = log_probs + banned
+    k = min(k, log_probs.shape[-1])
+    values, ids = ops.top_k(log_probs, k)
+    ids = ops.cast(ids, "int32")
+    if renormalize:
+        # The log-softmax of a row shifts it by its log-sum-exp.
+        values = values - ops.logsumexp(log_probs, axis=-1, keepdims=True)
+    if force_end:
+        last = (index + 1 >= row_max_lengths)[:, None]
+        first = (ops.arange(k) == 0)[None, :]
+        values = ops.where(last, ops.where(first, 0.0, NEG_INF), values)
+        ids = ops.where(last, ops.where(first, end_id, ids), ids)
+    return values, ops.cast(ids, "int32")
+
+
 def _write_column(sequences, index, column):
     """``sequences[..., index] = column`` for a 2-D or 3-D int tensor."""
     column = ops.cast(column, sequences.dtype)
@@ -401,20 +426,26 @@ def _trailing_axes(x, rank):
     return x[(...,) + (None,) * (rank - len(x.shape))]
 
 
-def _expand(state, step_log_probs, k, index, row_max_lengths, end_id):
-    """The ``k`` best one-token extensions of the alive hypotheses."""
+def _expand(state, top, k, index, row_max_lengths, end_id):
+    """The ``k`` best one-token extensions of the alive hypotheses, from
+    each one's ``top`` tokens (`_top_log_probs`: at least ``k``, or the
+    whole vocabulary): the best ``k`` of all extensions are among them."""
     batch_size, beam_size = state.alive_log_probs.shape
-    vocabulary_size = step_log_probs.shape[-1]
-    # (batch, beam * V): every extension of every alive hypothesis.
+    top_log_probs, top_ids = top
+    per_beam = top_log_probs.shape[-1]
+    # (batch, beam * per_beam): the candidate extensions of every alive
+    # hypothesis.
     candidates = ops.reshape(
         state.alive_log_probs[:, :, None]
-        + ops.reshape(step_log_probs, (batch_size, beam_size, -1)),
+        + ops.reshape(top_log_probs, (batch_size, beam_size, per_beam)),
         (batch_size, -1),
     )
     log_probs, indices = ops.top_k(candidates, k)
     indices = ops.cast(indices, "int32")
-    source_beams = indices // vocabulary_size
-    tokens = indices % vocabulary_size
+    source_beams = indices // per_beam
+    tokens = ops.take_along_axis(
+        ops.reshape(top_ids, (batch_size, -1)), indices, axis=1
+    )
     sequences = _gather_beams(state.alive_sequences, source_beams)
     length = index + 1
     at_limit = (length >= row_max_lengths)[:, None]
@@ -689,9 +720,10 @@ def beam_search(
     def body(index, state):
         flat = ops.reshape(state.alive_sequences, (rows, max_length + 1))
         logits, cache = step_fn(flat, index, state.cache, constants)
-        step_log_probs = _process_log_probs(
+        top = _top_log_probs(
             logits,
             banned,
+            rule.width * beam_size,
             index,
             flat_max_lengths,
             end_id,
@@ -700,7 +732,7 @@ def beam_search(
         )
         extensions = _expand(
             state,
-            step_log_probs,
+            top,
             rule.width * beam_size,
             index,
             row_max_lengths,

@@ -236,6 +236,8 @@ def test_int8_step_is_kerass_int8_arithmetic(normalize_first, rng):
     repacked = torch_decoding.cached_decoder(model, int8=True)
     halved, _, _ = _step_by_step(model, batch, repacked)
     assert not np.allclose(halved, logits, atol=1e-3)
+    expected, _, _ = _step_by_step(model, batch, model.decode)
+    np.testing.assert_allclose(halved, expected, atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(
@@ -248,13 +250,16 @@ def test_fast_path_encodes_as_the_model(int8, stacked, rng):
     """The fast path's ``init_cache`` (encoder and cross-attention keys
     and values by the same kernels) gives `Transformer.init_cache` of
     `Transformer.encode`, for a float and an int8 model, both layouts,
-    with padded sources."""
+    with padded sources, less the source columns that are padding in
+    every row."""
     from keras_transformer.backends import torch_decoding
 
     model = _int8_model(False) if int8 else _models[False]
     fast = torch_decoding.cached_decoder(model, onednn=True, int8=int8)
     batch = random_batch(rng, 3, 7, 5)
     ids, mask = batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    # Two more columns of padding in every row, as a length bucket adds.
+    ids, mask = (np.pad(x, [(0, 0), (0, 2)]) for x in (ids, mask))
     assert mask.min() == 0  # some padding
     expected = model.init_cache(model.encode(ids, mask), 9, stacked=stacked)
     cache = fast.init_cache(ids, mask, 9, stacked)
@@ -262,8 +267,102 @@ def test_fast_path_encodes_as_the_model(int8, stacked, rng):
         keras.tree.map_structure(to_numpy, c) for c in (expected, cache)
     )
     keras.tree.assert_same_structure(cache, expected)
+    assert np.all(mask[:, 7:] == 0) and np.any(mask[:, 6])
+    # The source length axis of the cross-attention cache.
+    length_axis = 3 if stacked else 2
     for got, want in zip(
-        keras.tree.flatten(cache), keras.tree.flatten(expected), strict=True
+        keras.tree.flatten(cache["cross_attention"]),
+        keras.tree.flatten(expected["cross_attention"]),
+        strict=True,
     ):
-        assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+        assert got.shape[length_axis] == 7
+        kept = np.take(want, np.arange(7), axis=length_axis)
+        np.testing.assert_allclose(got, kept, atol=1e-4, rtol=1e-4)
+    for got, want in zip(
+        keras.tree.flatten(cache["self_attention"]),
+        keras.tree.flatten(expected["self_attention"]),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the torch_decoder fast path serves torch only",
+)
+@settings(max_examples=8, deadline=None)
+@given(
+    st.integers(1, 3),  # sources
+    st.sampled_from([1, 2, 4]),  # rows per source
+    st.booleans(),  # int8
+    st.integers(0, 2**31 - 1),  # seed
+)
+def test_rows_of_a_source_share_its_cross_attention_cache(
+    sources, copies, int8, seed
+):
+    """A step whose cross-attention cache holds one row per source (the
+    copies of a source's row next to each other, as a search lays out its
+    beams) gives the logits of the same step with that cache repeated
+    for every row, which `Transformer.decode` gets."""
+    from keras_transformer.backends import torch_decoding
+
+    model = _int8_model(False) if int8 else _models[False]
+    fast = torch_decoding.cached_decoder(model, onednn=True, int8=int8)
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, sources, 6, 3)
+    ids, mask = batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    shared = fast.init_cache(ids, mask, 4, False)
+
+    def repeated(x):
+        return keras.ops.repeat(x, copies, axis=0)
+
+    rows_mask = repeated(mask)
+    tokens = rng.integers(4, 53, size=(sources * copies, 1)).astype("int32")
+
+    def step(cross_attention):
+        # Zeros of its own for every row: the step writes into them.
+        self_attention = tuple(
+            tuple(
+                keras.ops.zeros((sources * copies,) + tuple(x.shape[1:]))
+                for x in pair
+            )
+            for pair in shared["self_attention"]
+        )
+        cache = {
+            "self_attention": self_attention,
+            "cross_attention": cross_attention,
+        }
+        return to_numpy(fast(tokens, cache, 0, rows_mask)[0])
+
+    once = step(shared["cross_attention"])
+    every_row = step(
+        keras.tree.map_structure(repeated, shared["cross_attention"])
+    )
+    np.testing.assert_allclose(once, every_row, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the torch_decoder fast path serves torch only",
+)
+def test_a_decoder_made_after_an_assignment_computes_the_new_weights(rng):
+    """Self-attention's query, key and value kernels are concatenated
+    once and kept with their variables; a decoder made after one of them
+    is assigned computes the new weights, as `Transformer.decode` does."""
+    from keras_transformer.backends import torch_decoding
+
+    source = _models[False]
+    model = type(source).from_config(source.get_config())
+    model.set_weights(source.get_weights())
+    batch = random_batch(rng, 2, 5, 4)
+    batch["decoder_padding_mask"][:] = 1
+    fast = torch_decoding.cached_decoder(model)
+    before, _, _ = _step_by_step(model, batch, fast)
+    value = model.decoder_layers[0].self_attention.value_dense
+    value.kernel.assign(2 * to_numpy(value.kernel))
+    after, _, _ = _step_by_step(
+        model, batch, torch_decoding.cached_decoder(model)
+    )
+    expected, _, _ = _step_by_step(model, batch, model.decode)
+    np.testing.assert_allclose(after, expected, atol=1e-5, rtol=1e-5)
+    assert np.abs(after - before).max() > 1e-3
