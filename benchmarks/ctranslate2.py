@@ -3,6 +3,7 @@ same Marian weights.
 
     python -m benchmarks.ctranslate2 [--rounds 3] [--sentences 32]
         [--threads 2] [--output FILE.json] [--smoke]
+        [--profile CONTESTANT]
 
 A random Marian model of the OPUS-MT size (`benchmarks.marian`'s
 checkpoint: d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, swish,
@@ -29,6 +30,12 @@ how many translations equal CTranslate2 float32's. Weights are random,
 so hypotheses run to the token limit: every contestant decodes about the
 same number of steps.
 
+``--profile ours_int8`` (or ``ours_float32``, ``transformers``) runs
+one more translation of that contestant under ``torch.profiler`` after
+the rounds, and reports the torch operations that took the most CPU
+time, with their share of the call: where a torch contestant's time
+goes (ours on the torch backend only).
+
 ``--smoke`` runs tiny sizes (`benchmarks.marian`'s ``smoke`` model, 8
 sentences, batch 4, 8 new tokens) for one round and skips the
 contestants whose packages are missing.
@@ -46,6 +53,10 @@ from benchmarks import _common, marian
 BEAM_SIZE = 4
 # The contestant the others are compared with.
 REFERENCE = "ctranslate2_float32"
+# The contestants whose work runs as torch operations, which
+# ``--profile`` can see (ours on the torch backend).
+PROFILED = ("ours_float32", "ours_int8", "transformers")
+PROFILE_ROWS = 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +81,12 @@ def _arguments(argv):
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default=None)
+    parser.add_argument(
+        "--profile",
+        default=None,
+        choices=PROFILED,
+        help="one more call of this contestant under torch.profiler",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -250,6 +267,7 @@ def main(argv=None):
     import transformers
 
     _common.pin_frameworks(args.threads)
+    _check_profiled(args.profile)
     if args.threads:
         # transformers runs on torch whatever the Keras backend.
         torch.set_num_threads(args.threads)
@@ -263,8 +281,13 @@ def main(argv=None):
         # Warm-up: compiles our search, loads the others; the outputs.
         translations = {name: fn() for name, fn in contestants.items()}
         seconds = _common.interleaved(contestants, args.rounds, _common.timed)
+        profile = None
+        if args.profile in contestants:
+            profile = _profile(contestants[args.profile])
     rows = _rows(contestants, skipped, seconds, translations, len(sentences))
     report = _report(args, sizes, rows, translations)
+    if profile is not None:
+        report["profile"] = {"contestant": args.profile, "operations": profile}
     _common.write_json(args.output, report)
     print(
         _common.table(
@@ -278,7 +301,58 @@ def main(argv=None):
             ],
         )
     )
+    if profile is not None:
+        print(f"\n{args.profile} under torch.profiler, by self CPU time:")
+        print(
+            _common.table(
+                profile,
+                [
+                    ("operation", "operation"),
+                    ("calls", "calls"),
+                    ("self CPU ms", "self_cpu_ms"),
+                    ("share", "share"),
+                ],
+            )
+        )
     return report
+
+
+def _check_profiled(name):
+    """Refuses ``--profile ours_...`` on a backend other than torch, whose
+    operations the profiler would not see."""
+    import keras
+
+    backend = keras.backend.backend()
+    if name and name.startswith("ours") and backend != "torch":
+        raise SystemExit(
+            f"--profile {name} sees torch operations only, and the Keras "
+            f"backend is {backend}: run it with KERAS_BACKEND=torch."
+        )
+
+
+def _profile(translate):
+    """The `PROFILE_ROWS` torch operations that took the most CPU time in
+    one call of ``translate`` (their own time, not their callees'), with
+    their share of all the operations' time."""
+    from torch import profiler
+
+    with profiler.profile(activities=[profiler.ProfilerActivity.CPU]) as run:
+        translate()
+    events = sorted(
+        run.key_averages(),
+        key=lambda event: event.self_cpu_time_total,
+        reverse=True,
+    )
+    total = sum(event.self_cpu_time_total for event in events)
+    return [
+        {
+            "operation": event.key,
+            "calls": event.count,
+            "self_cpu_ms": round(event.self_cpu_time_total / 1e3, 1),
+            "share": round(event.self_cpu_time_total / total, 3),
+        }
+        for event in events[:PROFILE_ROWS]
+    ]
 
 
 def _report(args, sizes, rows, translations):

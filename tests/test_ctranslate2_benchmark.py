@@ -20,7 +20,15 @@ def smoke(tmp_path_factory):
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     path = tmp_path_factory.mktemp("ctranslate2") / "smoke.json"
     report = benchmark.main(
-        ["--smoke", "--threads", "0", "--output", str(path)]
+        [
+            "--smoke",
+            "--threads",
+            "0",
+            "--output",
+            str(path),
+            "--profile",
+            "transformers",
+        ]
     )
     return report, json.loads(path.read_text())
 
@@ -80,3 +88,30 @@ def test_ours_translates_as_ctranslate2_on_the_same_weights(smoke):
     assert same >= 6
     # The row counts what it names: CTranslate2 equals itself.
     assert rows["ctranslate2_float32"]["same_as_ctranslate2_float32"] == 8
+
+
+def test_profile_lists_the_costliest_torch_operations(smoke):
+    """``--profile transformers``: the torch operations of one more call,
+    costliest first, with shares of the call that add up to at most 1."""
+    _, written = smoke
+    profile = written["profile"]
+    assert profile["contestant"] == "transformers"
+    operations = profile["operations"]
+    assert 1 <= len(operations) <= benchmark.PROFILE_ROWS
+    times = [op["self_cpu_ms"] for op in operations]
+    assert times == sorted(times, reverse=True)
+    assert 0 < sum(op["share"] for op in operations) <= 1.001
+    assert any(op["operation"].startswith("aten::") for op in operations)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="ours runs torch operations on the torch backend",
+)
+def test_profiling_ours_off_torch_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as refused:
+        benchmark.main(["--smoke", "--threads", "0", "--profile", "ours_int8"])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "KERAS_BACKEND=torch" in message
+    assert keras.backend.backend() in message
