@@ -301,7 +301,8 @@ class Generator:
     def _decoder(self, key, source_ids, source_mask):
         """``(step_fn, cache, constants)`` of a search (see `search.py`):
         the sources encoded once, each repeated for its ``key.copies``
-        rows."""
+        rows (the cross-attention cache of a fast path that encodes, once
+        per source: its step shares it among the source's rows)."""
         model = self.model
         if not key.use_cache:
             constants = {

@@ -676,8 +676,9 @@ def beam_search(
       ``|Y| ** alpha``, with its ``early_stopping`` (`HuggingFaceRule`).
 
     ``step_fn`` sees ``batch_size * beam_size`` rows, the beams of one
-    source next to each other; ``cache`` and ``constants`` must already be
-    repeated ``beam_size`` times along their first axis.
+    source next to each other; ``cache`` must already be repeated
+    ``beam_size`` times along its first axis (the search reorders its
+    rows), and ``constants`` hold what ``step_fn`` reads, as it reads it.
 
     Args:
         step_fn, cache, constants: see the module docstring.
