@@ -41,6 +41,7 @@ options it does not know) gets None, and its search runs
 import inspect
 import math
 import typing
+import weakref
 
 import keras
 import torch
@@ -105,11 +106,13 @@ def cached_decoder(model, onednn=False, int8=False):
     the trailing source columns that are padding in every row (None where
     the encoder is not what this module computes).
 
-    The weights are read here: as views of their variables, or as
-    tensors made of them (int8 packings; self-attention's query, key and
-    value kernels side by side) and kept with the variables until one of
-    them is assigned. Call it again after assigning weights, quantizing a
-    model or enabling LoRA.
+    The weights are read here as views of their variables, so weights
+    assigned later in place are seen; self-attention's query, key and
+    value kernels side by side are made again at the first step after
+    one of them is assigned. int8 kernels are packed here (kept with
+    their variables, and packed again after an assignment): call it
+    again after assigning int8 weights, quantizing a model or enabling
+    LoRA.
     """
     int8 = int8 and _has_onednn_int8()
     if model.compute_dtype != "float32":
@@ -175,9 +178,14 @@ def _cross_attention_mask(keys, rows, encoder_padding_mask):
     ``(sources, 1, 1, length)``: each source's row of
     ``encoder_padding_mask`` (one per row, the copies of a source
     consecutive), up to the cached length."""
+    sources, _, length, _ = keys.shape
+    if rows % sources:
+        raise ValueError(
+            f"A cross-attention cache of {sources} sources cannot serve "
+            f"{rows} rows: each source needs the same number of rows."
+        )
     if encoder_padding_mask is None:
         return None
-    sources, _, length, _ = keys.shape
     mask = keras.ops.convert_to_tensor(encoder_padding_mask)
     return attention_mask_of_call(1, length, mask[:: rows // sources, :length])
 
@@ -305,13 +313,17 @@ def _cross_attention_cache(model, int8, layers, matmul):
 def _unpadded(source_ids, source_mask):
     """The sources without the trailing columns that are padding in every
     row: nothing attends to them (section 3.2.3), so the encoder output
-    at the other positions, and the search, are the same without them."""
+    at the other positions, and the search, are the same without them.
+    Kept where a row is all padding, which attends to every column
+    (`attention_mask_of_call`)."""
     source_ids = keras.ops.convert_to_tensor(source_ids, "int32")
     if source_mask is None:
         return source_ids, None
     source_mask = keras.ops.convert_to_tensor(source_mask)
+    if not bool(source_mask.any(1).all()):
+        return source_ids, source_mask
     visible = torch.nonzero(source_mask.any(0))
-    length = int(visible[-1, 0]) + 1 if len(visible) else 1
+    length = int(visible[-1, 0]) + 1
     return source_ids[:, :length], source_mask[:, :length]
 
 
@@ -416,19 +428,23 @@ def _embed(token_ids, embeddings):
     return F.embedding(token_ids, embeddings)
 
 
-def _kept(tensor, name, versions, make):
-    """``make()``, kept on ``tensor`` (a variable's) under ``name`` and
-    made again only when ``versions`` (the ``_version`` counters of the
-    tensors it is made of) change: torch counts in-place writes, so an
-    assigned variable is seen."""
-    kept = getattr(tensor, "_keras_transformer_kept", None)
+def _kept(owner, name, sources, make):
+    """``make()``, kept on the tensor ``owner`` under ``name`` and made
+    again when one of the tensors ``sources`` it is made of has been
+    written since (torch counts in-place writes, such as a variable's
+    assign, in ``_version``) or replaced by another tensor."""
+    kept = getattr(owner, "_keras_transformer_kept", None)
     if kept is None:
-        kept = tensor._keras_transformer_kept = {}
+        kept = owner._keras_transformer_kept = {}
+    state = [(weakref.ref(t), t._version) for t in sources]
     known = kept.get(name)
-    if known is not None and known[0] == versions:
+    if known is not None and all(
+        ref() is t and version == t._version
+        for (ref, version), t in zip(known[0], sources, strict=True)
+    ):
         return known[1]
     value = make()
-    kept[name] = (versions, value)
+    kept[name] = (state, value)
     return value
 
 
@@ -461,8 +477,7 @@ def _int8_matrix(values, scale, input_axes=None):
             torch.zeros(weight.shape[0], dtype=torch.int32),
         )
 
-    versions = tuple(t._version for t in values + scale)
-    return _kept(values[0], f"onednn_int8_{len(values)}", versions, pack)
+    return _kept(values[0], f"onednn_int8_{len(values)}", values + scale, pack)
 
 
 def _int8_matmul(rows, kernel, bias):
@@ -499,42 +514,62 @@ def _int8_matmul(rows, kernel, bias):
     return torch.addcdiv(bias, products, row_scale)
 
 
-def _projection_matrix(layers, axes):
-    """Head projections with the same inputs (one, or the query, key and
-    value projections of self-attention, whose outputs are concatenated
-    so that one product computes them) as an ``(inputs, outputs)``
-    matrix, and their biases as one row (or None): views of the
-    variables, a concatenation kept with them (`_kept`), or an
-    `_Int8Matrix`. None where some are quantized and others not."""
-    kernels = [_value(layer.kernel) for layer in layers]
+def _projection_matrix(layer, axes):
+    """A head projection's kernel as an ``(inputs, outputs)`` matrix,
+    and its bias as one row (or None): views of the variables, or an
+    `_Int8Matrix`."""
+    kernel = _value(layer.kernel)
+    matrix = _dense_matrix(layer, axes)
+    if layer.bias is None:
+        return matrix, None
+    kept = kernel.shape[axes:]
+    return matrix, torch.broadcast_to(_value(layer.bias), kept).reshape(-1)
+
+
+def _concatenated_projections(layers, axes):
+    """``current()``: the head projections ``layers``, which project the
+    same rows (self-attention's query, key and value), as one ``(inputs,
+    outputs)`` matrix (or `_Int8Matrix`) and bias row whose outputs are
+    theirs side by side, so that one product computes them all. The
+    concatenation is kept with the variables (`_kept`) and ``current``
+    makes it again after one of them is assigned, so a step reads the
+    weights as they are. None where some are quantized and others not."""
     modes = {layer.quantization_mode for layer in layers}
     if len(modes) > 1:
         return None
-    if modes != {None}:
-        scales = [_value(layer.kernel_scale) for layer in layers]
-        matrix = _int8_matrix(kernels, scales, axes)
-    elif len(kernels) == 1:
-        matrix = _dense_matrix(layers[0], axes)
-    else:
-        matrix = _kept(
-            kernels[0],
-            f"concatenated_{len(kernels)}",
-            tuple(k._version for k in kernels),
-            lambda: torch.cat([_matrix(k, axes) for k in kernels], 1),
-        )
-    if all(layer.bias is None for layer in layers):
-        return matrix, None
-    biases = [
-        torch.zeros(k.shape[axes:])
-        if layer.bias is None
-        else _value(layer.bias)
-        for layer, k in zip(layers, kernels, strict=True)
-    ]
-    rows = [
-        torch.broadcast_to(b, k.shape[axes:]).reshape(-1)
-        for b, k in zip(biases, kernels, strict=True)
-    ]
-    return matrix, torch.cat(rows) if len(rows) > 1 else rows[0]
+    quantized = modes != {None}
+
+    def variables():
+        values = [_value(layer.kernel) for layer in layers]
+        values += [
+            _value(layer.bias) for layer in layers if layer.bias is not None
+        ]
+        if quantized:
+            values += [_value(layer.kernel_scale) for layer in layers]
+        return values
+
+    def concatenate():
+        kernels = [_value(layer.kernel) for layer in layers]
+        if quantized:
+            scales = [_value(layer.kernel_scale) for layer in layers]
+            matrix = _int8_matrix(kernels, scales, axes)
+        else:
+            matrix = torch.cat([_matrix(k, axes) for k in kernels], 1)
+        if all(layer.bias is None for layer in layers):
+            return matrix, None
+        biases = [
+            torch.zeros(k.shape[axes:])
+            if layer.bias is None
+            else torch.broadcast_to(_value(layer.bias), k.shape[axes:])
+            for layer, k in zip(layers, kernels, strict=True)
+        ]
+        return matrix, torch.cat([b.reshape(-1) for b in biases])
+
+    def current():
+        sources = variables()
+        return _kept(sources[0], "concatenated", sources, concatenate)
+
+    return current
 
 
 def _matrix(kernel, input_axes):
@@ -571,12 +606,15 @@ def layer_weights(layer, int8=False):
     `encoder_layer` of a `TransformerEncoderLayer`: its matrices and bias
     rows, layer norm parameters, feed-forward activation, head counts and
     norm order. The tensors are views of the variables, so weights
-    assigned later are seen (Keras assigns torch variables in place).
+    assigned later are seen (Keras assigns torch variables in place);
+    self-attention's query, key and value come as a function giving
+    their concatenation as it is now (`_concatenated_projections`).
 
     None where a sublayer is not what those functions compute: not
     float32, quantized (to anything but int8, or at all without
     ``int8``), with LoRA, another activation or another normalization;
-    and for a layer with options it does not know.
+    where only some of the query, key and value are quantized; and for a
+    layer with options it does not know.
     """
     cross = getattr(layer, "cross_attention", None)
     attentions = [layer.self_attention] + ([cross] if cross else [])
@@ -617,16 +655,18 @@ def layer_weights(layer, int8=False):
     ):
         return None
 
-    def projection(*layers):
-        return _projection_matrix(layers, _CONTRACTED_AXES[layers[0].equation])
+    def axes(projection):
+        return _CONTRACTED_AXES[projection.equation]
 
     # Self-attention's query, key and value: one product (their inputs
     # are the same rows); cross-attention's keys and values are the
     # encoder output's (`init_cache`).
-    matrices = [projection(*projections[:3]), projection(projections[3])]
-    matrices += [projection(p) for p in projections[4:]]
-    if any(m is None for m in matrices):
+    query_key_value = _concatenated_projections(
+        projections[:3], axes(projections[0])
+    )
+    if query_key_value is None:
         return None
+    matrices = [_projection_matrix(p, axes(p)) for p in projections[3:]]
 
     def dense(layer):
         return _dense_matrix(layer), _optional_value(layer.bias)
@@ -635,7 +675,7 @@ def layer_weights(layer, int8=False):
         return attention.num_heads, attention.head_dim
 
     weights = {
-        "self_attention": matrices[:2],
+        "self_attention": [query_key_value, matrices[0]],
         "self_attention_heads": heads(layer.self_attention),
         "norms": [
             (
@@ -651,7 +691,7 @@ def layer_weights(layer, int8=False):
         "output": dense(feed_forward.output_dense),
     }
     if cross:
-        query, key, value, output = matrices[2:]
+        query, key, value, output = matrices[1:]
         weights["cross_attention"] = [query, output]
         weights["cross_attention_keys_values"] = [key, value]
         weights["cross_attention_heads"] = heads(cross)
@@ -671,7 +711,7 @@ def encoder_layer(weights, x, mask, matmul=_matmul):
         query_key_value, output = weights["self_attention"]
         heads = weights["self_attention_heads"]
         attended = _dot_product_attention(
-            *_heads(rows, query_key_value, batch, heads, matmul, parts=3),
+            *_heads(rows, query_key_value(), batch, heads, matmul, parts=3),
             mask,
             _scale(heads),
         )
@@ -732,7 +772,7 @@ def decoder_step(weights, x, masks, cache, index, cross_cache, matmul=_matmul):
         heads = weights["self_attention_heads"]
         keys, values = cache
         query, key, value = _heads(
-            rows, query_key_value, batch, heads, matmul, parts=3
+            rows, query_key_value(), batch, heads, matmul, parts=3
         )
         # The positions written so far; `self_mask` covers them alone.
         length = index + steps

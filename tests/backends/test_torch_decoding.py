@@ -293,7 +293,7 @@ def test_fast_path_encodes_as_the_model(int8, stacked, rng):
 @settings(max_examples=8, deadline=None)
 @given(
     st.integers(1, 3),  # sources
-    st.sampled_from([1, 2, 4]),  # rows per source
+    st.sampled_from([2, 3, 4]),  # rows per source
     st.booleans(),  # int8
     st.integers(0, 2**31 - 1),  # seed
 )
@@ -311,7 +311,10 @@ def test_rows_of_a_source_share_its_cross_attention_cache(
     rng = np.random.default_rng(seed)
     batch = random_batch(rng, sources, 6, 3)
     ids, mask = batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    # Columns of padding in every row, which the cache leaves out.
+    ids, mask = (np.pad(x, [(0, 0), (0, 3)]) for x in (ids, mask))
     shared = fast.init_cache(ids, mask, 4, False)
+    assert shared["cross_attention"][0][0].shape[2] == 6
 
     def repeated(x):
         return keras.ops.repeat(x, copies, axis=0)
@@ -366,3 +369,24 @@ def test_a_decoder_made_after_an_assignment_computes_the_new_weights(rng):
     expected, _, _ = _step_by_step(model, batch, model.decode)
     np.testing.assert_allclose(after, expected, atol=1e-5, rtol=1e-5)
     assert np.abs(after - before).max() > 1e-3
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the torch_decoder fast path serves torch only",
+)
+def test_a_source_of_padding_alone_searches_as_without_the_fast_path(rng):
+    """A source that is all padding attends to every column of its batch
+    (`attention_mask_of_call`), so the fast path keeps the padding
+    columns for its batch: its search, and the others', are those of the
+    search without the fast path."""
+    model = _models[False]
+    batch = random_batch(rng, 3, 5, 3)
+    ids, mask = batch["encoder_token_ids"], batch["encoder_padding_mask"]
+    ids[1], mask[1] = 0, 0
+    options = dict(method="beam", beam_size=2, max_length=5)
+    fast = Generator(model).generate(ids, mask, **options)
+    with backends.disabled("torch_decoder"):
+        plain = Generator(model).generate(ids, mask, **options)
+    np.testing.assert_array_equal(fast.token_ids, plain.token_ids)
+    np.testing.assert_allclose(fast.scores, plain.scores, atol=1e-5)

@@ -307,3 +307,79 @@ def test_bad_arguments():
             )
     with pytest.raises(ValueError, match="num_return_sequences=5"):
         search.beam_search(num_return_sequences=5, **common)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    batch=st.integers(1, 3),
+    beam_size=st.integers(1, 4),
+    vocabulary_size=st.sampled_from([4, 5, 12]),
+    width=st.sampled_from([1, 2]),
+    force_end=st.booleans(),
+    renormalize=st.booleans(),
+)
+def test_a_steps_extensions_are_the_best_of_all_beams_and_tokens(
+    seed, batch, beam_size, vocabulary_size, width, force_end, renormalize
+):
+    """A beam search step takes each row's best tokens first
+    (`_top_log_probs`), then the best ``width * beam`` extensions among
+    them (`_expand`): the same extensions, with the same log-probabilities,
+    as the best of all ``beam * V`` one-token extensions of the alive
+    hypotheses scored by the full log-softmax with banned tokens, the
+    forced end token and renormalization (in NumPy below)."""
+    rng = np.random.default_rng(seed)
+    rows = batch * beam_size
+    logits = (3 * rng.normal(size=(rows, vocabulary_size))).astype("float32")
+    alive = (rng.normal(size=(batch, beam_size)) - 5).astype("float32")
+    limits = rng.integers(1, 4, size=batch).astype("int32")
+    flat_limits = np.repeat(limits, beam_size)
+    index = ops.convert_to_tensor(1, "int32")
+    k = width * beam_size
+    banned = search.banned_logits(vocabulary_size, (PAD, START))
+    top = search._top_log_probs(
+        ops.convert_to_tensor(logits),
+        banned,
+        k,
+        index,
+        ops.convert_to_tensor(flat_limits),
+        END,
+        force_end,
+        renormalize,
+    )
+    state = search.BeamState(
+        alive_sequences=ops.zeros((batch, beam_size, 4), "int32"),
+        alive_log_probs=ops.convert_to_tensor(alive),
+        cache={},
+        finished=None,
+        done=None,
+        stop=None,
+    )
+    got = search._expand(
+        state, top, k, index, ops.convert_to_tensor(limits), END
+    )
+
+    expected = log_softmax(logits) + ops.convert_to_numpy(banned)
+    if force_end:
+        forced = np.full(vocabulary_size, -np.inf, "float32")
+        forced[END] = 0.0
+        expected[2 >= flat_limits] = forced
+    if renormalize:
+        expected = log_softmax(expected)
+    candidates = (
+        alive[:, :, None] + expected.reshape(batch, beam_size, -1)
+    ).reshape(batch, -1)
+    order = np.argsort(-candidates, axis=1, kind="stable")[:, :k]
+    best = np.take_along_axis(candidates, order, axis=1)
+    got_log_probs = ops.convert_to_numpy(got.log_probs)
+    finite = np.isfinite(best)
+    np.testing.assert_array_equal(np.isfinite(got_log_probs), finite)
+    np.testing.assert_allclose(got_log_probs[finite], best[finite], atol=1e-5)
+    tokens = ops.convert_to_numpy(got.tokens)
+    beams = ops.convert_to_numpy(got.source_beams)
+    np.testing.assert_array_equal(
+        tokens[finite], (order % vocabulary_size)[finite]
+    )
+    np.testing.assert_array_equal(
+        beams[finite], (order // vocabulary_size)[finite]
+    )
