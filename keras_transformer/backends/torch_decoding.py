@@ -514,10 +514,11 @@ def _int8_matmul(rows, kernel, bias):
     return torch.addcdiv(bias, products, row_scale)
 
 
-def _projection_matrix(layer, axes):
+def _projection_matrix(layer):
     """A head projection's kernel as an ``(inputs, outputs)`` matrix,
     and its bias as one row (or None): views of the variables, or an
     `_Int8Matrix`."""
+    axes = _CONTRACTED_AXES[layer.equation]
     kernel = _value(layer.kernel)
     matrix = _dense_matrix(layer, axes)
     if layer.bias is None:
@@ -526,7 +527,7 @@ def _projection_matrix(layer, axes):
     return matrix, torch.broadcast_to(_value(layer.bias), kept).reshape(-1)
 
 
-def _concatenated_projections(layers, axes):
+def _concatenated_projections(layers):
     """``current()``: the head projections ``layers``, which project the
     same rows (self-attention's query, key and value), as one ``(inputs,
     outputs)`` matrix (or `_Int8Matrix`) and bias row whose outputs are
@@ -538,6 +539,7 @@ def _concatenated_projections(layers, axes):
     if len(modes) > 1:
         return None
     quantized = modes != {None}
+    axes = _CONTRACTED_AXES[layers[0].equation]
 
     def variables():
         values = [_value(layer.kernel) for layer in layers]
@@ -655,18 +657,13 @@ def layer_weights(layer, int8=False):
     ):
         return None
 
-    def axes(projection):
-        return _CONTRACTED_AXES[projection.equation]
-
     # Self-attention's query, key and value: one product (their inputs
     # are the same rows); cross-attention's keys and values are the
     # encoder output's (`init_cache`).
-    query_key_value = _concatenated_projections(
-        projections[:3], axes(projections[0])
-    )
+    query_key_value = _concatenated_projections(projections[:3])
     if query_key_value is None:
         return None
-    matrices = [_projection_matrix(p, axes(p)) for p in projections[3:]]
+    matrices = [_projection_matrix(p) for p in projections[3:]]
 
     def dense(layer):
         return _dense_matrix(layer), _optional_value(layer.bias)

@@ -179,8 +179,9 @@ def _top_log_probs(
     forced or renormalized, so a step makes no more vocabulary-sized
     tensors than the log-softmax and its banned tokens. (Of a forced row,
     the first is the end token at 0, the others -inf.)"""
-    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-    log_probs = log_probs + banned
+    log_probs = _process_log_probs(
+        logits, banned, index, row_max_lengths, end_id, False, False
+    )
     k = min(k, log_probs.shape[-1])
     values, ids = ops.top_k(log_probs, k)
     ids = ops.cast(ids, "int32")
