@@ -295,6 +295,7 @@ def _train_argv(data_dir, output, max_steps, test_limit=4):
         "vocabulary_size": 600,
         "max_tokens": 512,
         "bleu_subset": 4,
+        "validation_batches": 2,
         "model": TINY,
     }
     argv = [

@@ -67,6 +67,8 @@ SHRINK_TRAIN = [
     "--set",
     "bleu_subset=4",
     "--set",
+    "validation_batches=2",
+    "--set",
     "model="
     + json.dumps(
         {

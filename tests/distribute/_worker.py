@@ -245,6 +245,7 @@ def run_jax_recipe(output):
         "vocabulary_size": 600,
         "max_tokens": 512,
         "bleu_subset": 0,
+        "validation_batches": 2,
         "model": model,
     }
     status = cli.main(

@@ -43,6 +43,9 @@ SETTINGS = {
     "vocabulary_size": 600,
     "max_tokens": 512,
     "bleu_subset": 0,
+    # Two validation batches: val_loss is compared, and each batch
+    # shape is one more compilation.
+    "validation_batches": 2,
     "warmup_steps": 2,
     "cooldown_steps": 0,
     "learning_rate_scale": 0.1,

@@ -64,6 +64,8 @@ SMALL = [
     "--set",
     "bleu_subset=4",
     "--set",
+    "validation_batches=2",
+    "--set",
     "model=" + json.dumps(TINY),
 ]
 

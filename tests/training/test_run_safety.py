@@ -30,6 +30,7 @@ SMALL = dict(
     vocabulary_size=600,
     max_tokens=512,
     bleu_subset=0,
+    validation_batches=2,
     model=TINY,
 )
 
