@@ -397,6 +397,10 @@ def test_torch_decoder_serves_the_models_it_computes(setting, monkeypatch, rng):
     path does not know make it decline (None), and the model's own
     `decode` runs. A served model gets the logits of
     `Transformer.decode`."""
+    if setting == "int8" and keras.backend.backend() != "torch":
+        # Elsewhere the seam serves no model, as the float32 case shows;
+        # an int8 model's own decoding is test_quantized_model_*'s.
+        pytest.skip("the fast path is torch's")
     activation = {"linear": "linear", "gelu": "gelu"}.get(setting, "relu")
     model = _randomized(tiny_model(activation=activation))
     if setting == "lora":

@@ -193,6 +193,7 @@ def test_wmt14_recipes_run_a_step(name, multi30k_dir, tmp_path):
         vocabulary_size=400,
         max_tokens=256,
         bleu_subset=0,
+        validation_batches=1,
         evaluate=False,
         verbose=0,
     )
