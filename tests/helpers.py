@@ -50,6 +50,41 @@ def to_numpy(x):
     return ops.convert_to_numpy(x)
 
 
+# The model of a test's recipe run: one layer each side, width 32.
+TINY_RECIPE_MODEL = {
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 1,
+    "hidden_dim": 32,
+    "num_heads": 2,
+    "intermediate_dim": 64,
+    "dropout": 0.1,
+}
+
+# The tiny model with four heads, which a model-parallel layout splits,
+# and no dropout, so that runs on different devices compare.
+TINY_PARALLEL_MODEL = {**TINY_RECIPE_MODEL, "num_heads": 4, "dropout": 0.0}
+
+
+def tiny_recipe_settings(**overrides):
+    """Settings of a Multi30k recipe run small enough for a test: the tiny
+    model, a 600-piece vocabulary, 512-token batches, two-step epochs that
+    checkpoint every step and average the last two, no validation BLEU,
+    and validation on two batches (each validation batch shape is one
+    more compilation). ``overrides`` replace or add settings."""
+    settings = {
+        "steps_per_epoch": 2,
+        "checkpoint_every": 1,
+        "average_last": 2,
+        "vocabulary_size": 600,
+        "max_tokens": 512,
+        "bleu_subset": 0,
+        "validation_batches": 2,
+        "model": TINY_RECIPE_MODEL,
+    }
+    settings.update(overrides)
+    return settings
+
+
 def set_arguments(settings):
     """``--set KEY=VALUE`` arguments of `keras-transformer train` for a
     dict of recipe settings (values as JSON)."""

@@ -12,7 +12,7 @@ import pytest
 
 from keras_transformer import cli
 from tests.conftest import MULTI30K, REPO_ROOT
-from tests.helpers import noisy_lines, set_arguments
+from tests.helpers import noisy_lines, set_arguments, tiny_recipe_settings
 
 FRAMEWORKS = ("keras", "tensorflow", "jax", "torch")
 
@@ -264,14 +264,6 @@ def test_debug_shows_the_traceback(tmp_path):
 
 # --- a real training run, redirected
 
-TINY = {
-    "num_encoder_layers": 1,
-    "num_decoder_layers": 1,
-    "hidden_dim": 32,
-    "num_heads": 2,
-    "intermediate_dim": 64,
-}
-
 
 @pytest.fixture(scope="module")
 def small_multi30k(tmp_path_factory):
@@ -290,14 +282,7 @@ def small_multi30k(tmp_path_factory):
 
 
 def _train_argv(data_dir, output, max_steps, test_limit=4):
-    settings = {
-        "steps_per_epoch": 2,
-        "vocabulary_size": 600,
-        "max_tokens": 512,
-        "bleu_subset": 4,
-        "validation_batches": 2,
-        "model": TINY,
-    }
+    settings = tiny_recipe_settings(bleu_subset=4)
     argv = [
         sys.executable,
         "-m",

@@ -43,6 +43,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import MULTI30K, REPO_ROOT
+from tests.helpers import set_arguments, tiny_recipe_settings
 
 README = REPO_ROOT / "README.md"
 README_DATA_DIR = "../shared/data/multi30k"
@@ -54,31 +55,7 @@ SHRINK_TRAIN = [
     "--test-limit",
     "4",
     "--quiet",
-    "--set",
-    "steps_per_epoch=2",
-    "--set",
-    "checkpoint_every=1",
-    "--set",
-    "average_last=2",
-    "--set",
-    "vocabulary_size=600",
-    "--set",
-    "max_tokens=512",
-    "--set",
-    "bleu_subset=4",
-    "--set",
-    "validation_batches=2",
-    "--set",
-    "model="
-    + json.dumps(
-        {
-            "num_encoder_layers": 1,
-            "num_decoder_layers": 1,
-            "hidden_dim": 32,
-            "num_heads": 2,
-            "intermediate_dim": 64,
-        }
-    ),
+    *set_arguments(tiny_recipe_settings(bleu_subset=4)),
 ]
 SHRINK = {
     "train": SHRINK_TRAIN,

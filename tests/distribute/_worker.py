@@ -228,26 +228,13 @@ def run_jax_recipe(output):
     from keras_transformer import cli
     from keras_transformer.distribute import get_distribution
     from tests.conftest import MULTI30K
-    from tests.helpers import set_arguments
+    from tests.helpers import (
+        TINY_PARALLEL_MODEL,
+        set_arguments,
+        tiny_recipe_settings,
+    )
 
-    model = {
-        "num_encoder_layers": 1,
-        "num_decoder_layers": 1,
-        "hidden_dim": 32,
-        "num_heads": 4,
-        "intermediate_dim": 64,
-        "dropout": 0.0,
-    }
-    settings = {
-        "steps_per_epoch": 2,
-        "checkpoint_every": 1,
-        "average_last": 2,
-        "vocabulary_size": 600,
-        "max_tokens": 512,
-        "bleu_subset": 0,
-        "validation_batches": 2,
-        "model": model,
-    }
+    settings = tiny_recipe_settings(model=TINY_PARALLEL_MODEL)
     status = cli.main(
         [
             "train",

@@ -18,7 +18,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import MULTI30K, REPO_ROOT
-from tests.helpers import set_arguments
+from tests.helpers import (
+    TINY_PARALLEL_MODEL,
+    set_arguments,
+    tiny_recipe_settings,
+)
 
 BACKEND = keras.backend.backend()
 # The line Keras prints at the end of an epoch when the output is not a
@@ -26,31 +30,14 @@ BACKEND = keras.backend.backend()
 EPOCH_LINE = re.compile(r"\d+/\d+ - .*loss: ")
 TIMEOUT = 900
 DEVICES = "--xla_force_host_platform_device_count={}"
-MODEL = {
-    "num_encoder_layers": 1,
-    "num_decoder_layers": 1,
-    "hidden_dim": 32,
-    "num_heads": 4,
-    "intermediate_dim": 64,
-    "dropout": 0.0,
-}
 # Two steps at a learning rate of 0.01 (no cool-down), so that the
 # weights move.
-SETTINGS = {
-    "steps_per_epoch": 2,
-    "checkpoint_every": 1,
-    "average_last": 2,
-    "vocabulary_size": 600,
-    "max_tokens": 512,
-    "bleu_subset": 0,
-    # Two validation batches: val_loss is compared, and each batch
-    # shape is one more compilation.
-    "validation_batches": 2,
-    "warmup_steps": 2,
-    "cooldown_steps": 0,
-    "learning_rate_scale": 0.1,
-    "model": MODEL,
-}
+SETTINGS = tiny_recipe_settings(
+    warmup_steps=2,
+    cooldown_steps=0,
+    learning_rate_scale=0.1,
+    model=TINY_PARALLEL_MODEL,
+)
 
 
 # `keras-transformer` in a process whose CPU TensorFlow splits into two

@@ -583,8 +583,10 @@ def test_decode_without_cache_is_the_models_decoder(rng):
 def test_quantized_model_quantizes_the_head_projections(rng):
     """`Model.quantize` reaches the attention projections and the tied
     token embedding; the decoder step of a search is the model's own
-    unless the ``onednn_int8`` fast path computes int8 layers (torch)."""
-    model = tiny_model()
+    unless the ``onednn_int8`` fast path computes int8 layers (torch).
+    One layer each side: quantizing and running int8 layers eagerly
+    compiles every operation on JAX."""
+    model = tiny_model(num_encoder_layers=1, num_decoder_layers=1)
     batch = random_batch(rng, 2, 5, 4)
     model.quantize("int8")
     attention = model.decoder_layers[0].self_attention

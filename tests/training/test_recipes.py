@@ -11,15 +11,11 @@ import keras_transformer as kt
 from keras_transformer import cli, training
 from keras_transformer.generation import Translator
 from tests.conftest import MULTI30K
-
-TINY = {
-    "num_encoder_layers": 1,
-    "num_decoder_layers": 1,
-    "hidden_dim": 32,
-    "num_heads": 2,
-    "intermediate_dim": 64,
-    "dropout": 0.1,
-}
+from tests.helpers import (
+    TINY_RECIPE_MODEL,
+    set_arguments,
+    tiny_recipe_settings,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,24 +46,7 @@ def multi30k_run(tmp_path_factory):
     return output
 
 
-SMALL = [
-    "--set",
-    "steps_per_epoch=2",
-    "--set",
-    "checkpoint_every=1",
-    "--set",
-    "average_last=2",
-    "--set",
-    "vocabulary_size=600",
-    "--set",
-    "max_tokens=512",
-    "--set",
-    "bleu_subset=4",
-    "--set",
-    "validation_batches=2",
-    "--set",
-    "model=" + json.dumps(TINY),
-]
+SMALL = set_arguments(tiny_recipe_settings(bleu_subset=4))
 
 
 def test_train_command_saves_results_logs_and_a_translator(multi30k_run):
@@ -81,7 +60,7 @@ def test_train_command_saves_results_logs_and_a_translator(multi30k_run):
         "step-00000003.weights.h5",
         "step-00000004.weights.h5",
     ]
-    assert results["recipe_settings"]["model"] == TINY
+    assert results["recipe_settings"]["model"] == TINY_RECIPE_MODEL
     with open(os.path.join(multi30k_run, "logs", "training.csv")) as f:
         header = f.readline().strip().split(",")
     assert {"loss", "token_accuracy", "perplexity", "val_bleu"} <= set(header)
@@ -104,7 +83,7 @@ def test_a_finished_run_started_again_trains_no_further(multi30k_run):
         checkpoint_every=1,
         average_last=2,
         vocabulary_size=600,
-        model=TINY,
+        model=TINY_RECIPE_MODEL,
         max_tokens=512,
         bleu_subset=0,
         evaluate=False,

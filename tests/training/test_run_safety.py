@@ -19,20 +19,14 @@ from keras_transformer import cli, training
 from keras_transformer.generation import Translator
 from keras_transformer.training.run_directory import RUN_FILE, check_output
 from tests.conftest import MISSING_DATA_REASON, MULTI30K
-from tests.helpers import set_arguments
-from tests.training.test_recipes import TINY
+from tests.helpers import (
+    TINY_RECIPE_MODEL,
+    set_arguments,
+    tiny_recipe_settings,
+)
 
 RECIPE = "multi30k_en_de"
-SMALL = dict(
-    steps_per_epoch=2,
-    checkpoint_every=1,
-    average_last=2,
-    vocabulary_size=600,
-    max_tokens=512,
-    bleu_subset=0,
-    validation_batches=2,
-    model=TINY,
-)
+SMALL = tiny_recipe_settings()
 
 
 def copy_multi30k(directory, splits):
@@ -146,7 +140,7 @@ def test_an_output_directory_is_resumed_only_by_the_same_run(
     ):
         train(data_dir, run, vocabulary_size=700)
     with pytest.raises(ValueError, match=r"model\.hidden_dim is 32 in the"):
-        train(data_dir, run, model={**TINY, "hidden_dim": 64})
+        train(data_dir, run, model={**TINY_RECIPE_MODEL, "hidden_dim": 64})
     with pytest.raises(ValueError, match="seed is 0 in the run, 1 now"):
         train(data_dir, run, seed=1)
     assert cli_train(data_dir, run, "--set", "max_tokens=256") == 1
@@ -302,7 +296,10 @@ def test_a_run_recorded_before_a_setting_existed_resumes_at_its_default(
         ({"learning_rate_scale": float("nan")}, "learning_rate_scale=nan"),
         ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0"),
         ({"dtype": "float33"}, "dtype='float33'"),
-        ({"model": {**TINY, "num_heads": 3}}, "model: num_heads=3 must"),
+        (
+            {"model": {**TINY_RECIPE_MODEL, "num_heads": 3}},
+            "model: num_heads=3 must",
+        ),
         ({"vocabulary_size": True}, r"vocabulary_size=True \(a bool\)"),
     ],
 )
@@ -396,7 +393,7 @@ def test_a_short_run_warms_up_and_cools_down(data_dir, tmp_path):
     settings = read_json(output / "results.json")["recipe_settings"]
     assert (settings["warmup_steps"], settings["cooldown_steps"]) == (8, 12)
     schedule = training.TransformerSchedule(
-        TINY["hidden_dim"],
+        TINY_RECIPE_MODEL["hidden_dim"],
         settings["warmup_steps"],
         settings["learning_rate_scale"],
         20,

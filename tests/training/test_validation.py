@@ -14,7 +14,7 @@ from keras_transformer import data, training
 from keras_transformer.generation import Translator, evaluate_bleu
 from keras_transformer.training.callbacks import KeepBest
 from tests.conftest import MISSING_DATA_REASON, MULTI30K
-from tests.training.test_recipes import TINY
+from tests.helpers import TINY_RECIPE_MODEL
 from tests.training.test_run_safety import cli_train, train
 
 # A task a tiny model learns in a few epochs: every English sentence has
@@ -39,7 +39,7 @@ SETTINGS = dict(
     bleu_subset=BLEU_SUBSET,
     validation_batches=VALIDATION_BATCHES,
     early_stopping_patience=PATIENCE,
-    model={**TINY, "dropout": 0.0},
+    model={**TINY_RECIPE_MODEL, "dropout": 0.0},
 )
 
 
