@@ -167,8 +167,11 @@ def main(argv=None):
     from keras_transformer import backends, data
 
     backend = keras.backend.backend()
+    # The paths that serve this backend and can run on this machine.
     serving = [
-        n for n, p in backends.FAST_PATHS.items() if backend in p.backends
+        n
+        for n, p in backends.FAST_PATHS.items()
+        if backend in p.backends and (p.available is None or p.available())
     ]
     if args.paths:
         serving = [name for name in serving if name in args.paths]

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import os
 import threading
+import typing
 
 import keras
 
@@ -42,11 +43,21 @@ class FastPath:
         name: what `enabled` and `disabled` take.
         backends: the Keras backends it serves.
         summary: what it replaces, in one line.
+        available: None, or a function saying whether it gives the
+            results of the code it replaces on this machine (asked once
+            it is needed, on one of ``backends``).
     """
 
     name: str
     backends: tuple
     summary: str
+    available: typing.Callable[[], bool] | None = None
+
+
+def _onednn_int8_is_exact():
+    from keras_transformer.backends import torch_decoding
+
+    return torch_decoding.onednn_int8_is_exact()
 
 
 FAST_PATHS = {
@@ -71,7 +82,9 @@ FAST_PATHS = {
             "the int8 products of a quantized model's torch_decoder step "
             "by oneDNN's int8 linear kernel (torch.ops.onednn."
             "qlinear_pointwise) on Keras's int8 weights, instead of Keras's "
-            "int8 layer calls",
+            "int8 layer calls; only where that kernel's integer products "
+            "are exact (CPUs with VNNI instructions)",
+            available=_onednn_int8_is_exact,
         ),
         FastPath(
             "fused_adam",
@@ -114,14 +127,17 @@ def _disabled_names():
 
 def enabled(name):
     """Whether fast path ``name`` applies: it serves the current Keras
-    backend and is not switched off."""
+    backend, is not switched off, and gives the results of the code it
+    replaces on this machine."""
     path = _check_name(name)
     if path is None:
         raise ValueError("enabled() takes one fast path's name, not 'all'.")
     if keras.backend.backend() not in path.backends:
         return False
     disabled_names = _disabled_names()
-    return "all" not in disabled_names and name not in disabled_names
+    if "all" in disabled_names or name in disabled_names:
+        return False
+    return path.available is None or path.available()
 
 
 @contextlib.contextmanager

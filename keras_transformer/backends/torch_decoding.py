@@ -38,6 +38,7 @@ options it does not know) gets None, and its search runs
 `Transformer.decode`.
 """
 
+import functools
 import inspect
 import math
 import typing
@@ -399,9 +400,34 @@ def _onednn_matmul(rows, kernel, bias):
 
 
 def _has_onednn_int8():
-    return torch.backends.mkldnn.is_available() and hasattr(
-        torch.ops.onednn, "qlinear_pointwise"
+    return onednn_int8_is_exact()
+
+
+@functools.cache
+def onednn_int8_is_exact():
+    """Whether this torch has oneDNN's int8 linear kernel and its integer
+    products are exact on this CPU, as `_int8_matmul` needs. With VNNI
+    instructions they are. Without them (AVX2 alone) the kernel adds
+    pairs of uint8 x int8 products in 16 bits, which overflow for the
+    large offset integers that `_int8_matmul` gives it (255 x 127 twice
+    is over 32,767): the results are wrong, and the fast path must not
+    run. Checked once, on the largest integers and on random ones."""
+    if not (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.onednn, "qlinear_pointwise")
+    ):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    integers = torch.randint(-127, 128, (8, 64), generator=generator)
+    weight = torch.randint(-127, 128, (16, 64), generator=generator)
+    integers[0], weight[0] = 127, 127
+    kernel = _Int8Matrix(
+        torch.ops.onednn.qlinear_prepack(weight.to(torch.int8), None),
+        torch.ones(16),
+        torch.zeros(16, dtype=torch.int32),
     )
+    products = _onednn_int8_products((integers + 128).to(torch.uint8), kernel)
+    return bool(torch.equal(products, (integers @ weight.t()).float()))
 
 
 class _Int8Matrix(typing.NamedTuple):
@@ -494,8 +520,18 @@ def _int8_matmul(rows, kernel, bias):
     # Keras clips the integers to [-127, 127], where a row's abs-max
     # scaling already puts them.
     integers = torch.mul(rows, row_scale).round_().add_(128)
-    products = torch.ops.onednn.qlinear_pointwise(
-        integers.to(torch.uint8),
+    products = _onednn_int8_products(integers.to(torch.uint8), kernel)
+    if bias is None:
+        return products.div_(row_scale)
+    return torch.addcdiv(bias, products, row_scale)
+
+
+def _onednn_int8_products(offset_integers, kernel):
+    """The integer products of int8 rows given as uint8 with offset 128
+    and the int8 ``kernel`` (an `_Int8Matrix`), times its scale, by
+    oneDNN's int8 linear kernel: float32 ``(rows, outputs)``."""
+    return torch.ops.onednn.qlinear_pointwise(
+        offset_integers,
         1.0,
         128,
         kernel.packed,
@@ -509,9 +545,6 @@ def _int8_matmul(rows, kernel, bias):
         [],
         "",
     )
-    if bias is None:
-        return products.div_(row_scale)
-    return torch.addcdiv(bias, products, row_scale)
 
 
 def _projection_matrix(layer):

@@ -188,6 +188,47 @@ def _int8_model(normalize_first):
     return model
 
 
+def _skip_without_exact_int8():
+    from keras_transformer.backends import torch_decoding
+
+    if not torch_decoding.onednn_int8_is_exact():
+        pytest.skip(
+            "oneDNN's int8 products are not exact on this CPU (no VNNI), "
+            "so the onednn_int8 fast path does not run here"
+        )
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the onednn_int8 fast path serves torch's decoder step only",
+)
+def test_int8_models_are_served_only_where_onednn_int8_is_exact():
+    """oneDNN's int8 kernel adds pairs of uint8 x int8 products in 16
+    bits on CPUs without VNNI, which overflow for the offset integers the
+    fast path gives it. There the path is off and an int8 model decodes
+    as Keras computes it; where the products are exact, it is on."""
+    import torch
+
+    from keras_transformer.backends import torch_decoding
+
+    integers = torch.full((2, 64), 127)
+    weight = torch.full((4, 64), 127, dtype=torch.int8)
+    kernel = torch_decoding._Int8Matrix(
+        torch.ops.onednn.qlinear_prepack(weight, None),
+        torch.ones(4),
+        torch.zeros(4, dtype=torch.int32),
+    )
+    products = torch_decoding._onednn_int8_products(
+        (integers + 128).to(torch.uint8), kernel
+    )
+    exact = bool(torch.all(products == 127 * 127 * 64))
+    assert torch_decoding.onednn_int8_is_exact() == exact
+    assert backends.enabled("onednn_int8") == exact
+    model = _int8_model(False)
+    fast = backends.cached_decoder(model, "stacked")
+    assert (fast is not None) == exact
+
+
 @pytest.mark.skipif(
     keras.backend.backend() != "torch",
     reason="the onednn_int8 fast path serves torch's decoder step only",
@@ -203,6 +244,7 @@ def test_int8_step_is_kerass_int8_arithmetic(normalize_first, rng):
     and made again after a kernel is assigned."""
     from keras_transformer.backends import torch_decoding
 
+    _skip_without_exact_int8()
     model = _int8_model(normalize_first)
     assert torch_decoding.cached_decoder(model, int8=False) is None
     fast = torch_decoding.cached_decoder(model, int8=True)
@@ -254,6 +296,8 @@ def test_fast_path_encodes_as_the_model(int8, stacked, rng):
     every row."""
     from keras_transformer.backends import torch_decoding
 
+    if int8:
+        _skip_without_exact_int8()
     model = _int8_model(False) if int8 else _models[False]
     fast = torch_decoding.cached_decoder(model, onednn=True, int8=int8)
     batch = random_batch(rng, 3, 7, 5)
@@ -306,6 +350,8 @@ def test_rows_of_a_source_share_its_cross_attention_cache(
     for every row, which `Transformer.decode` gets."""
     from keras_transformer.backends import torch_decoding
 
+    if int8:
+        _skip_without_exact_int8()
     model = _int8_model(False) if int8 else _models[False]
     fast = torch_decoding.cached_decoder(model, onednn=True, int8=int8)
     rng = np.random.default_rng(seed)
