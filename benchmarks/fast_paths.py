@@ -167,12 +167,7 @@ def main(argv=None):
     from keras_transformer import backends, data
 
     backend = keras.backend.backend()
-    # The paths that serve this backend and can run on this machine.
-    serving = [
-        n
-        for n, p in backends.FAST_PATHS.items()
-        if backend in p.backends and (p.available is None or p.available())
-    ]
+    serving = [n for n, p in backends.FAST_PATHS.items() if p.runs_here()]
     if args.paths:
         serving = [name for name in serving if name in args.paths]
     rows = []

@@ -53,6 +53,13 @@ class FastPath:
     summary: str
     available: typing.Callable[[], bool] | None = None
 
+    def runs_here(self):
+        """Whether it serves the current Keras backend and gives the
+        results of the code it replaces on this machine."""
+        return keras.backend.backend() in self.backends and (
+            self.available is None or self.available()
+        )
+
 
 def _onednn_int8_is_exact():
     from keras_transformer.backends import torch_decoding
@@ -132,12 +139,10 @@ def enabled(name):
     path = _check_name(name)
     if path is None:
         raise ValueError("enabled() takes one fast path's name, not 'all'.")
-    if keras.backend.backend() not in path.backends:
-        return False
     disabled_names = _disabled_names()
     if "all" in disabled_names or name in disabled_names:
         return False
-    return path.available is None or path.available()
+    return path.runs_here()
 
 
 @contextlib.contextmanager

@@ -115,7 +115,7 @@ def cached_decoder(model, onednn=False, int8=False):
     again after assigning int8 weights, quantizing a model or enabling
     LoRA.
     """
-    int8 = int8 and _has_onednn_int8()
+    int8 = int8 and onednn_int8_is_exact()
     if model.compute_dtype != "float32":
         return None
     layers = [layer_weights(layer, int8) for layer in model.decoder_layers]
@@ -397,10 +397,6 @@ def _onednn_matmul(rows, kernel, bias):
     return torch.ops.mkldnn._linear_pointwise(
         rows, kernel.t(), bias, "none", [], ""
     )
-
-
-def _has_onednn_int8():
-    return onednn_int8_is_exact()
 
 
 @functools.cache
