@@ -25,7 +25,6 @@ backend is saved to a temporary directory and exported by a subprocess
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from keras_transformer.generation.generator import (
     search_key,
     search_params,
 )
+from keras_transformer.io_utils import replace_directory_atomically
 
 SIGNATURE = "serving_default"
 # Python's whitespace (`str.isspace`, what `str.strip` removes) as an RE2
@@ -88,7 +88,7 @@ def export_translator(translator, directory):
     if keras.backend.backend() != "tensorflow":
         _export_in_subprocess(translator, directory)
     else:
-        _replace_atomically(
+        replace_directory_atomically(
             directory, lambda staging: _write_saved_model(translator, staging)
         )
     return directory
@@ -132,32 +132,6 @@ def _check_exportable(translator):
 
 
 # --- files
-
-
-def _replace_atomically(directory, write):
-    """Calls ``write(staging)`` on a new sibling directory of
-    ``directory``, then renames it to ``directory``, moving what was
-    there aside first and deleting it last."""
-    parent, name = os.path.split(directory)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
-    try:
-        write(staging)
-        if not os.path.lexists(directory):
-            os.rename(staging, directory)
-            return
-        previous = tempfile.mkdtemp(prefix=f".{name}.previous-", dir=parent)
-        aside = os.path.join(previous, name)
-        os.rename(directory, aside)
-        try:
-            os.rename(staging, directory)
-        except BaseException:
-            os.rename(aside, directory)
-            raise
-        shutil.rmtree(previous, ignore_errors=True)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _export_in_subprocess(translator, directory):

@@ -1,12 +1,16 @@
-"""Reading and writing the package's JSON files.
+"""Reading and writing the package's JSON files, and replacing a
+directory in one rename.
 
 Configurations, manifests, training records and training states are all
-small JSON files; these two functions are the one place that reads and
-writes them.
+small JSON files; `read_json` and `write_json` are the one place that
+reads and writes them. Exports are written beside their directory and
+renamed into place (`replace_directory_atomically`).
 """
 
 import json
 import os
+import shutil
+import tempfile
 
 
 class JSONFileError(ValueError):
@@ -69,3 +73,29 @@ def write_json(path, data, *, indent=2, sort_keys=True, ensure_ascii=True):
         )
         f.write("\n")
     os.replace(partial, path)
+
+
+def replace_directory_atomically(directory, write):
+    """Calls ``write(staging)`` on a new sibling directory of
+    ``directory``, then renames it to ``directory``, moving what was
+    there aside first and deleting it last."""
+    parent, name = os.path.split(directory)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    try:
+        write(staging)
+        if not os.path.lexists(directory):
+            os.rename(staging, directory)
+            return
+        previous = tempfile.mkdtemp(prefix=f".{name}.previous-", dir=parent)
+        aside = os.path.join(previous, name)
+        os.rename(directory, aside)
+        try:
+            os.rename(staging, directory)
+        except BaseException:
+            os.rename(aside, directory)
+            raise
+        shutil.rmtree(previous, ignore_errors=True)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)

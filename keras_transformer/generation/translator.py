@@ -170,58 +170,25 @@ class SentenceAttention:
     cross_attention: np.ndarray
 
 
-class Translator:
-    """Translates sentences with a trained `Transformer` and tokenizer.
+class BaseTranslator:
+    """What every translator shares: checking sentences, tokenizing them
+    with the model's length limit, sorting them by length, batching and
+    progress; subclasses decode one batch (`_translate_batch`).
 
-    Sentences are tokenized, given the end token (the encoder input of the
-    training pipeline), sorted by length and decoded in batches with a
-    cached, compiled search (`Generator`); translations come back in the
-    input order. A progress bar shows on inputs of more than one batch.
-
-    Inputs the model cannot take are handled explicitly: an empty (or
-    all-whitespace) sentence translates to ``""`` without running the
-    model; a sentence longer than the model's ``max_sequence_length - 1``
-    subword tokens is truncated with a warning (or rejected with
-    ``long_inputs="error"``); anything but a str raises `TypeError`.
-
-    Args:
-        model: a trained `keras_transformer.Transformer`.
-        tokenizer: a `keras_transformer.data.SubwordTokenizer` (or any
-            object with ``tokenize``, ``detokenize`` and the special ids).
-            Sentences go through its ``encode`` where it has one, which
-            gives Python lists without TensorFlow.
-        generation_config: a `GenerationConfig`; keyword arguments
-            override its settings.
-
-    Example:
-    >>> translator = Translator(model, tokenizer, beam_size=4)
-    >>> translator.translate(["A man rides a bike."])
-    ['Ein Mann fährt Fahrrad.']
-    >>> translator.save("out/translator")
-    >>> translator = Translator.from_pretrained("out/translator")
+    Subclasses set ``tokenizer``, ``generation_config`` (a
+    `GenerationConfig`) and ``max_sequence_length``: `Translator` decodes
+    with this package's `Generator`, and
+    `keras_transformer.ctranslate2_engine.CTranslate2Translator` with a
+    CTranslate2 export of the same model.
     """
 
-    def __init__(self, model, tokenizer, generation_config=None, **settings):
-        self.model = model
-        self.tokenizer = tokenizer
-        config = generation_config or GenerationConfig()
-        self.generation_config = config.replace(**settings)
-        model_vocabulary = model.target_vocabulary_size or model.vocabulary_size
-        if tokenizer.vocabulary_size > model_vocabulary:
-            raise ValueError(
-                f"The tokenizer has {tokenizer.vocabulary_size} ids but the "
-                f"model's vocabulary_size is {model_vocabulary}. Use the "
-                "tokenizer the model was trained with."
-            )
-        self.generator = self._make_generator()
+    def _check_config(self, config):
+        """Raises for settings this translator cannot decode with, before
+        any work; every setting of a `GenerationConfig` by default."""
 
-    def _make_generator(self):
-        return Generator(
-            self.model,
-            start_id=self.tokenizer.start_id,
-            end_id=self.tokenizer.end_id,
-            pad_id=self.tokenizer.pad_id,
-        )
+    def _translate_batch(self, token_lists, config):
+        """The `Hypothesis` lists of a batch of tokenized sentences."""
+        raise NotImplementedError
 
     # --- translation
 
@@ -257,6 +224,7 @@ class Translator:
         `Hypothesis` (text, token ids, score, log-probability), best
         first (a single list for a single str)."""
         config = self.generation_config.replace(**settings)
+        self._check_config(config)
         single = isinstance(sentences, str)
         sentences = self._check_sentences(sentences)
         n = config.num_return_sequences
@@ -309,14 +277,14 @@ class Translator:
         tokens = encode(list(sentences))
         tokens = tokens.to_list() if hasattr(tokens, "to_list") else tokens
         tokens = [[int(t) for t in row] for row in tokens]
-        limit = self.model.max_sequence_length - 1  # one place for the end
+        limit = self.max_sequence_length - 1  # one place for the end
         long = [i for i, row in enumerate(tokens) if len(row) > limit]
         if long:
             first = long[0]
             description = (
                 f"{len(long)} sentence(s) have more than {limit} subword "
                 f"tokens, the most the model takes (max_sequence_length="
-                f"{self.model.max_sequence_length}, one place for the end "
+                f"{self.max_sequence_length}, one place for the end "
                 f"token); the first, {sentences[first][:60]!r}, has "
                 f"{len(tokens[first])}."
             )
@@ -331,6 +299,65 @@ class Translator:
             )
             tokens = [row[:limit] for row in tokens]
         return tokens
+
+
+class Translator(BaseTranslator):
+    """Translates sentences with a trained `Transformer` and tokenizer.
+
+    Sentences are tokenized, given the end token (the encoder input of the
+    training pipeline), sorted by length and decoded in batches with a
+    cached, compiled search (`Generator`); translations come back in the
+    input order. A progress bar shows on inputs of more than one batch.
+
+    Inputs the model cannot take are handled explicitly: an empty (or
+    all-whitespace) sentence translates to ``""`` without running the
+    model; a sentence longer than the model's ``max_sequence_length - 1``
+    subword tokens is truncated with a warning (or rejected with
+    ``long_inputs="error"``); anything but a str raises `TypeError`.
+
+    Args:
+        model: a trained `keras_transformer.Transformer`.
+        tokenizer: a `keras_transformer.data.SubwordTokenizer` (or any
+            object with ``tokenize``, ``detokenize`` and the special ids).
+            Sentences go through its ``encode`` where it has one, which
+            gives Python lists without TensorFlow.
+        generation_config: a `GenerationConfig`; keyword arguments
+            override its settings.
+
+    Example:
+    >>> translator = Translator(model, tokenizer, beam_size=4)
+    >>> translator.translate(["A man rides a bike."])
+    ['Ein Mann fährt Fahrrad.']
+    >>> translator.save("out/translator")
+    >>> translator = Translator.from_pretrained("out/translator")
+    """
+
+    def __init__(self, model, tokenizer, generation_config=None, **settings):
+        self.model = model
+        self.tokenizer = tokenizer
+        config = generation_config or GenerationConfig()
+        self.generation_config = config.replace(**settings)
+        model_vocabulary = model.target_vocabulary_size or model.vocabulary_size
+        if tokenizer.vocabulary_size > model_vocabulary:
+            raise ValueError(
+                f"The tokenizer has {tokenizer.vocabulary_size} ids but the "
+                f"model's vocabulary_size is {model_vocabulary}. Use the "
+                "tokenizer the model was trained with."
+            )
+        self.generator = self._make_generator()
+
+    @property
+    def max_sequence_length(self):
+        """The longest source or target the model accepts."""
+        return self.model.max_sequence_length
+
+    def _make_generator(self):
+        return Generator(
+            self.model,
+            start_id=self.tokenizer.start_id,
+            end_id=self.tokenizer.end_id,
+            pad_id=self.tokenizer.pad_id,
+        )
 
     def _translate_batch(self, token_lists, config):
         end_id = self.tokenizer.end_id
@@ -851,7 +878,7 @@ def _preset_tokenizer(directory, task, info):
 
         return read_model_file(vocabulary, info.get("tokenizer_config"))
     if os.path.isdir(os.path.join(directory, TOKENIZER_DIR)):
-        return _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
+        return load_tokenizer_directory(os.path.join(directory, TOKENIZER_DIR))
     raise FileNotFoundError(
         f"{directory!r} has no tokenizer ({VOCABULARY_ASSET} with a "
         f"preprocessor in {TASK_FILE}, or {TOKENIZER_DIR}/); save the "
@@ -898,7 +925,7 @@ def _load_version_1(directory, config):
         config.get("quantization"),
         CONFIG_FILE,
     )
-    tokenizer = _load_tokenizer(os.path.join(directory, TOKENIZER_DIR))
+    tokenizer = load_tokenizer_directory(os.path.join(directory, TOKENIZER_DIR))
     path = os.path.join(directory, GENERATION_CONFIG_FILE)
     return model, tokenizer, _generation_config(path, read_json(path))
 
@@ -964,7 +991,9 @@ def check_export_directory(directory, overwrite=False):
         )
 
 
-def _load_tokenizer(directory):
+def load_tokenizer_directory(directory):
+    """The tokenizer saved in ``directory``: a `MarianTokenizer` or a
+    `SubwordTokenizer` (``tokenizer.save(directory)``)."""
     if marian.is_marian_tokenizer_directory(directory):
         return marian.load_marian_tokenizer(directory)
     # Imported here: `generation` does not depend on `data` otherwise.
