@@ -242,9 +242,11 @@ def _add_evaluate(commands):
     parser.add_argument("--reference", default=None)
     parser.add_argument("--limit", type=int, default=None)
     _add_search_arguments(parser)
-    _add_quantize_argument(parser)
+    _add_engine_arguments(parser)
     parser.add_argument("--quiet", action="store_true")
-    parser.set_defaults(handler=_evaluate)
+    parser.set_defaults(
+        handler=_evaluate, check=functools.partial(_check_engine, parser)
+    )
 
 
 # Help of the generation settings: None stands for the saved value.
@@ -273,10 +275,12 @@ def _add_length_penalty_argument(parser):
     )
 
 
-def _load_translator(args, *names):
+def _load_translator(args, *names, quantize=True):
     """--model's translator; the settings ``names`` given on the command
     line replace the saved ones, and --quantize, where the command has
-    it, quantizes its weights."""
+    it (and ``quantize``), quantizes its weights. With ``--engine
+    ctranslate2``, a `CTranslate2Translator` of --model: an export read
+    as it is, or a saved translator exported for this run."""
     from keras_transformer.generation import Translator
 
     settings = {
@@ -284,10 +288,33 @@ def _load_translator(args, *names):
         for name in ("beam_size", "length_penalty", *names)
         if getattr(args, name, None) is not None
     }
+    if getattr(args, "engine", None) == "ctranslate2":
+        return _ctranslate2_translator(args, settings)
     translator = Translator.from_pretrained(args.model, **settings)
-    if getattr(args, "quantize", None):
+    if quantize and getattr(args, "quantize", None):
         translator.quantize(args.quantize)
     return translator
+
+
+def _ctranslate2_translator(args, settings):
+    """``--engine ctranslate2``'s translator; --quantize is CTranslate2's
+    compute type."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from keras_transformer import ctranslate2_engine
+    from keras_transformer.generation import Translator
+
+    directory = args.model
+    if not ctranslate2_engine.is_export(directory):
+        translator = Translator.from_pretrained(directory)
+        directory = tempfile.mkdtemp(prefix="keras-transformer-ctranslate2-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        ctranslate2_engine.export_ctranslate2(translator, directory)
+    return ctranslate2_engine.CTranslate2Translator(
+        directory, compute_type=args.quantize or "default", **settings
+    )
 
 
 def _evaluate(args):
@@ -435,7 +462,7 @@ def _add_translate(commands):
         help="lines read, sorted by length, translated and written at a "
         f"time (default {CHUNK_SIZE}; 1 when the input is a terminal)",
     )
-    _add_quantize_argument(parser)
+    _add_engine_arguments(parser)
     parser.add_argument(
         "--reference",
         default=None,
@@ -515,13 +542,57 @@ def _add_sampling_arguments(parser):
     )
 
 
-def _add_quantize_argument(parser):
+ENGINES = ("keras", "ctranslate2")
+
+
+def _add_engine_arguments(parser):
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="keras",
+        help="decode with this package's search on the Keras backend "
+        "(keras), or with CTranslate2 (ctranslate2: --model is a "
+        "CTranslate2 export of keras-transformer export --format "
+        "ctranslate2, or a saved translator, exported for this run; "
+        'needs pip install "keras-transformer[ctranslate2]")',
+    )
     parser.add_argument(
         "--quantize",
-        choices=QUANTIZE_MODES,
         default=None,
-        help="quantize the weights after loading (Translator.quantize)",
+        metavar="TYPE",
+        help="keras: quantize the weights after loading "
+        "(Translator.quantize; int8); ctranslate2: CTranslate2's compute "
+        "type (int8, int8_float32, int16, float16, bfloat16, float32)",
     )
+
+
+def _check_engine(parser, args, owner=None):
+    """--engine and --quantize, checked before any model is loaded: a
+    missing ctranslate2 package or an unknown weight type fail in one
+    line (exit status 2). ``owner`` names the flag that chose the
+    engine (``--engine ...`` by default)."""
+    owner = owner or f"--engine {args.engine}"
+    if args.engine == "ctranslate2":
+        from keras_transformer import ctranslate2_engine
+
+        try:
+            ctranslate2_engine.require_ctranslate2()
+        except ctranslate2_engine.MissingDependencyError as error:
+            parser.error(f"{owner}: {error}")
+        types = ctranslate2_engine.QUANTIZATIONS
+    else:
+        types = QUANTIZE_MODES
+    if args.quantize is not None and args.quantize not in types:
+        parser.error(
+            f"--quantize {args.quantize}: {owner} quantizes to "
+            f"{', '.join(types)}; pass one of them."
+        )
+    if args.engine == "ctranslate2" and getattr(args, "plot_attention", None):
+        parser.error(
+            "--plot-attention needs the model's attention weights, which "
+            "--engine ctranslate2 does not give; drop --engine ctranslate2 "
+            "to draw them."
+        )
 
 
 def _add_progress_arguments(parser):
@@ -592,6 +663,7 @@ def _check_translate(parser, args):
     problem = _n_best_problem(args.n_best, args.method, args.beam_size)
     if problem:
         parser.error(problem)
+    _check_engine(parser, args)
 
 
 def _n_best_problem(n_best, method, beam_size):
@@ -901,7 +973,10 @@ def _add_score(commands):
     parser.add_argument(
         "--chunk-size", type=_positive_int, default=CHUNK_SIZE, metavar="LINES"
     )
-    parser.set_defaults(handler=_score)
+    _add_engine_arguments(parser)
+    parser.set_defaults(
+        handler=_score, check=functools.partial(_check_engine, parser)
+    )
 
 
 def _count_lines(path, flag):
@@ -942,24 +1017,36 @@ def _score(args):
     return 0
 
 
+EXPORT_FORMATS = ("savedmodel", "ctranslate2")
+
+
 def _add_export(commands):
     parser = commands.add_parser(
         "export",
-        help="export a saved translator as a TensorFlow SavedModel",
+        help="export a saved translator for serving (SavedModel or "
+        "CTranslate2)",
         description=(
-            "Writes a TensorFlow SavedModel for serving "
-            "(Translator.export): its serving_default signature takes a "
-            "batch of sentences and returns their translations and "
-            "scores, with tokenization, the search of the translator's "
-            "generation settings (--beam-size, --length-penalty override "
-            "them) and detokenization in the graph."
+            "Writes a saved translator for serving (Translator.export). "
+            "--format savedmodel (the default): a TensorFlow SavedModel "
+            "whose serving_default signature takes a batch of sentences "
+            "and returns their translations and scores, with "
+            "tokenization, the search of the translator's generation "
+            "settings (--beam-size, --length-penalty override them) and "
+            "detokenization in the graph, for TF Serving. --format "
+            "ctranslate2: a CTranslate2 model directory with the "
+            "tokenizer and the generation settings beside it, for fast "
+            "CPU decoding (translate --engine ctranslate2 --model "
+            "OUTPUT)."
         ),
     )
     parser.add_argument(
         "--model", required=True, help="directory of a saved Translator"
     )
     parser.add_argument(
-        "--output", required=True, help="the SavedModel directory to write"
+        "--output", required=True, help="the export directory to write"
+    )
+    parser.add_argument(
+        "--format", choices=EXPORT_FORMATS, default="savedmodel"
     )
     parser.add_argument(
         "--overwrite",
@@ -967,8 +1054,24 @@ def _add_export(commands):
         help="replace --output if it exists and is not empty",
     )
     _add_search_arguments(parser)
-    _add_quantize_argument(parser)
-    parser.set_defaults(handler=_export)
+    parser.add_argument(
+        "--quantize",
+        default=None,
+        metavar="TYPE",
+        help="savedmodel: quantize the weights after loading "
+        "(Translator.quantize; int8); ctranslate2: the stored weight "
+        "type (int8, int8_float32, int8_float16, int8_bfloat16, int16, "
+        "float16, bfloat16, float32; default float32, int8 for an int8 "
+        "translator)",
+    )
+    parser.set_defaults(
+        handler=_export, check=functools.partial(_check_export, parser)
+    )
+
+
+def _check_export(parser, args):
+    args.engine = "ctranslate2" if args.format == "ctranslate2" else "keras"
+    _check_engine(parser, args, owner=f"--format {args.format}")
 
 
 def _export(args):
@@ -976,8 +1079,18 @@ def _export(args):
 
     # Refused before the model loads.
     check_export_directory(args.output, args.overwrite)
-    translator = _load_translator(args)
-    translator.export(args.output, overwrite=args.overwrite)
+    if args.format == "ctranslate2":
+        args.engine = "keras"
+        translator = _load_translator(args, quantize=False)
+        translator.export(
+            args.output,
+            overwrite=args.overwrite,
+            format="ctranslate2",
+            quantization=args.quantize,
+        )
+    else:
+        translator = _load_translator(args)
+        translator.export(args.output, overwrite=args.overwrite)
     print(args.output)
     return 0
 

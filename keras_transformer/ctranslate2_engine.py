@@ -31,17 +31,17 @@ import warnings
 import keras
 import numpy as np
 
+from keras_transformer.generation.base import (
+    BaseTranslator,
+    Hypothesis,
+    load_tokenizer_directory,
+)
+from keras_transformer.generation.config import GenerationConfig
 from keras_transformer.generation.generator import (
     check_length_settings,
     hypothesis_lengths,
 )
 from keras_transformer.generation.search import length_penalty
-from keras_transformer.generation.translator import (
-    BaseTranslator,
-    GenerationConfig,
-    Hypothesis,
-    load_tokenizer_directory,
-)
 from keras_transformer.io_utils import (
     read_json,
     replace_directory_atomically,

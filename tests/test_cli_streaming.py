@@ -355,7 +355,7 @@ def test_sampling_flags_reach_the_search(
         ),
         (
             ["translate", "--quantize", "int3"],
-            "argument --quantize: invalid choice: 'int3'",
+            "--quantize int3: --engine keras quantizes to int8; pass one",
         ),
         (
             ["translate", "--chunk-size", "0"],
@@ -384,11 +384,28 @@ def test_sampling_flags_reach_the_search(
         ),
         (
             ["evaluate", "--quantize", "int3"],
-            "argument --quantize: invalid choice: 'int3'",
+            "--quantize int3: --engine keras quantizes to int8; pass one",
         ),
         (
             ["export", "--output", "out", "--quantize", "int3"],
-            "argument --quantize: invalid choice: 'int3'",
+            "--quantize int3: --format savedmodel quantizes to int8; pass",
+        ),
+        (
+            ["translate", "--engine", "ctranslate2", "--quantize", "int3"],
+            "--quantize int3: --engine ctranslate2 quantizes to int8, "
+            "int8_float32, int8_float16, int8_bfloat16, int16, float16, "
+            "bfloat16, float32; pass one of them",
+        ),
+        (
+            ["export", "--output", "out", "--format", "ctranslate2"]
+            + ["--quantize", "int3"],
+            "--quantize int3: --format ctranslate2 quantizes to int8, ",
+        ),
+        (
+            ["translate", "--engine", "ctranslate2", "--plot-attention"]
+            + ["a.png"],
+            "--plot-attention needs the model's attention weights, which "
+            "--engine ctranslate2 does not give",
         ),
         (
             ["average", "--last", "0"],

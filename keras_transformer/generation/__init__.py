@@ -8,6 +8,8 @@ Example:
 >>> evaluate_bleu(translator, sources, references).signature
 """
 
+from keras_transformer.generation.base import BaseTranslator, Hypothesis
+from keras_transformer.generation.config import GenerationConfig
 from keras_transformer.generation.evaluation import (
     BleuResult,
     corpus_bleu,
@@ -24,13 +26,12 @@ from keras_transformer.generation.search import (
     length_penalty,
 )
 from keras_transformer.generation.translator import (
-    GenerationConfig,
-    Hypothesis,
     SentenceAttention,
     Translator,
 )
 
 __all__ = [
+    "BaseTranslator",
     "BleuResult",
     "GenerationConfig",
     "Generator",

@@ -3,13 +3,18 @@ sentences into translations, saved and loaded as one directory."""
 
 import dataclasses
 import os
-import warnings
 
 import keras
 import numpy as np
 
 from keras_transformer import hub, marian
-from keras_transformer.generation.generator import METHODS, Generator
+from keras_transformer.generation.base import (
+    BaseTranslator,
+    Hypothesis,
+    load_tokenizer_directory,
+)
+from keras_transformer.generation.config import GenerationConfig
+from keras_transformer.generation.generator import Generator
 from keras_transformer.generation.quantization import (
     QUANTIZATION_MODES,
     check_quantization_mode,
@@ -20,12 +25,9 @@ from keras_transformer.generation.quantization import (
 from keras_transformer.generation.search import (
     FINITE_SETTINGS,
     check_finite,
-    check_length_penalty,
-    check_num_return_sequences,
 )
 from keras_transformer.io_utils import read_json
 from keras_transformer.models import Transformer
-from keras_transformer.utils import replace_settings
 from keras_transformer.version import __version__
 
 # Version 2 is KerasHub's preset layout (`keras_transformer.kerashub.
@@ -44,99 +46,9 @@ TASK_FILE = "task.json"
 BACKBONE_NAME = "keras_transformer>TransformerBackbone"
 # Where KerasHub's SentencePiece tokenizers keep their model file.
 VOCABULARY_ASSET = os.path.join("assets", "tokenizer", "vocabulary.spm")
-LONG_INPUTS = ("truncate", "error")
-
-
-@dataclasses.dataclass
-class GenerationConfig:
-    """Decoding settings of a `Translator`; the defaults are the paper's
-    (section 6.1: beam size 4, alpha 0.6, input length + 50).
-
-    Attributes:
-        method: ``"beam"``, ``"greedy"`` or ``"sample"``.
-        beam_size: hypotheses kept alive per sentence.
-        length_penalty: alpha of the GNMT penalty ``((5 + |Y|) / 6) **
-            alpha``; 0 ranks by raw log-probability (shorter outputs),
-            larger values favour longer outputs.
-        max_length: a fixed limit on generated tokens; None for the
-            paper's rule, source length plus ``max_length_offset``.
-            Either way capped at the model's ``max_sequence_length``.
-        max_length_offset: the 50 of "input length + 50", where the input
-            length counts the source's subword tokens and its end token.
-        num_return_sequences: translations returned per sentence.
-        temperature, top_k, top_p: sampling filters (``method="sample"``).
-        seed: sampling seed.
-        batch_size: sentences decoded together (sorted by length).
-        long_inputs: a sentence with more subword tokens than the model
-            accepts (``max_sequence_length - 1``, one place is the end
-            token) is ``"truncate"``-d with a warning, or raises a
-            `ValueError` with ``"error"``.
-        length_penalty_style: ``"gnmt"`` (the paper's beam search) or
-            ``"hf"`` (Hugging Face ``transformers``' beam search and
-            penalty ``|Y| ** alpha``; converted OPUS-MT models use it).
-        early_stopping: ``transformers``' stopping rule with ``"hf"``:
-            False, True or ``"never"``.
-        force_end_token: the last allowed token is the end token.
-        renormalize: log-softmax again after removing banned tokens.
-    """
-
-    method: str = "beam"
-    beam_size: int = 4
-    length_penalty: float = 0.6
-    max_length: int | None = None
-    max_length_offset: int = 50
-    num_return_sequences: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    batch_size: int = 32
-    long_inputs: str = "truncate"
-    length_penalty_style: str = "gnmt"
-    early_stopping: bool | str = False
-    force_end_token: bool = False
-    renormalize: bool = False
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"method={self.method!r} is not one of {METHODS}.")
-        if self.long_inputs not in LONG_INPUTS:
-            raise ValueError(
-                f"long_inputs={self.long_inputs!r} is not one of {LONG_INPUTS}."
-            )
-        for name in ("beam_size", "batch_size"):
-            value = getattr(self, name)
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name}={value} must be a positive integer.")
-        check_num_return_sequences(
-            self.num_return_sequences, self.method, self.beam_size
-        )
-        for name in FINITE_SETTINGS:
-            check_finite(name, getattr(self, name))
-        check_length_penalty(self.length_penalty, self.length_penalty_style)
-
-    def replace(self, **overrides):
-        """A copy with some settings changed; unknown names raise."""
-        return replace_settings(
-            self, overrides, "generation settings", error=TypeError
-        )
-
-    def to_dict(self):
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, config):
-        return cls().replace(**config)
-
-
-@dataclasses.dataclass
-class Hypothesis:
-    """One translation with its scores (see `SearchResult`)."""
-
-    text: str
-    token_ids: list
-    score: float
-    log_prob: float
+# `Translator.export`'s formats: a TensorFlow SavedModel, a CTranslate2
+# model directory.
+EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 
 
 @dataclasses.dataclass
@@ -168,137 +80,6 @@ class SentenceAttention:
     encoder_self_attention: np.ndarray
     decoder_self_attention: np.ndarray
     cross_attention: np.ndarray
-
-
-class BaseTranslator:
-    """What every translator shares: checking sentences, tokenizing them
-    with the model's length limit, sorting them by length, batching and
-    progress; subclasses decode one batch (`_translate_batch`).
-
-    Subclasses set ``tokenizer``, ``generation_config`` (a
-    `GenerationConfig`) and ``max_sequence_length``: `Translator` decodes
-    with this package's `Generator`, and
-    `keras_transformer.ctranslate2_engine.CTranslate2Translator` with a
-    CTranslate2 export of the same model.
-    """
-
-    def _check_config(self, config):
-        """Raises for settings this translator cannot decode with, before
-        any work; every setting of a `GenerationConfig` by default."""
-
-    def _translate_batch(self, token_lists, config):
-        """The `Hypothesis` lists of a batch of tokenized sentences."""
-        raise NotImplementedError
-
-    # --- translation
-
-    def translate(self, sentences, verbose="auto", **settings):
-        """Translates a sentence or a list of sentences.
-
-        Args:
-            sentences: a str or a list (or tuple) of str.
-            verbose: ``"auto"`` shows a progress bar when there is more
-                than one batch; True or False force it on or off.
-            **settings: overrides of the `GenerationConfig` for this call,
-                e.g. ``beam_size=4, length_penalty=0.6``.
-
-        Returns:
-            A str for a str; a list of str for a list. With
-            ``num_return_sequences=n > 1``, each str becomes a list of
-            the n best (or sampled) translations.
-        """
-        results = self.translate_with_scores(
-            sentences, verbose=verbose, **settings
-        )
-        single = isinstance(sentences, str)
-        results = [results] if single else results
-        config = self.generation_config.replace(**settings)
-        if config.num_return_sequences == 1:
-            texts = [hypotheses[0].text for hypotheses in results]
-        else:
-            texts = [[h.text for h in hypotheses] for hypotheses in results]
-        return texts[0] if single else texts
-
-    def translate_with_scores(self, sentences, verbose="auto", **settings):
-        """Like `translate`, but each sentence gives a list of
-        `Hypothesis` (text, token ids, score, log-probability), best
-        first (a single list for a single str)."""
-        config = self.generation_config.replace(**settings)
-        self._check_config(config)
-        single = isinstance(sentences, str)
-        sentences = self._check_sentences(sentences)
-        n = config.num_return_sequences
-        empty = [Hypothesis("", [], 0.0, 0.0)] * n
-        results = [list(empty) for _ in sentences]
-        todo = [i for i, s in enumerate(sentences) if s.strip()]
-        token_lists = self._tokenize([sentences[i] for i in todo], config)
-
-        # Longest first: the slowest batch compiles and runs first, and
-        # sentences of similar length share a batch.
-        order = sorted(
-            range(len(todo)), key=lambda j: len(token_lists[j]), reverse=True
-        )
-        show = verbose is True or (
-            verbose == "auto" and len(order) > config.batch_size
-        )
-        progress = keras.utils.Progbar(len(order)) if show else None
-        for begin in range(0, len(order), config.batch_size):
-            chunk = order[begin : begin + config.batch_size]
-            hypotheses = self._translate_batch(
-                [token_lists[j] for j in chunk], config
-            )
-            for j, row in zip(chunk, hypotheses, strict=True):
-                results[todo[j]] = row
-            if progress is not None:
-                progress.add(len(chunk))
-        return results[0] if single else results
-
-    def _check_sentences(self, sentences):
-        if isinstance(sentences, str):
-            return [sentences]
-        if not isinstance(sentences, (list, tuple)):
-            raise TypeError(
-                "translate expects a str or a list of str; got "
-                f"{type(sentences).__name__}."
-            )
-        for i, sentence in enumerate(sentences):
-            if not isinstance(sentence, str):
-                raise TypeError(
-                    f"Sentence {i} is a {type(sentence).__name__}, not a "
-                    f"str: {sentence!r}. Pass text (decode bytes first)."
-                )
-        return list(sentences)
-
-    def _tokenize(self, sentences, config):
-        if not sentences:
-            return []
-        # `SubwordTokenizer.encode` gives its ids without TensorFlow.
-        encode = getattr(self.tokenizer, "encode", self.tokenizer.tokenize)
-        tokens = encode(list(sentences))
-        tokens = tokens.to_list() if hasattr(tokens, "to_list") else tokens
-        tokens = [[int(t) for t in row] for row in tokens]
-        limit = self.max_sequence_length - 1  # one place for the end
-        long = [i for i, row in enumerate(tokens) if len(row) > limit]
-        if long:
-            first = long[0]
-            description = (
-                f"{len(long)} sentence(s) have more than {limit} subword "
-                f"tokens, the most the model takes (max_sequence_length="
-                f"{self.max_sequence_length}, one place for the end "
-                f"token); the first, {sentences[first][:60]!r}, has "
-                f"{len(tokens[first])}."
-            )
-            if config.long_inputs == "error":
-                raise ValueError(
-                    f"{description} Split long sentences, or pass "
-                    'long_inputs="truncate" to cut them.'
-                )
-            warnings.warn(
-                f"{description} They are truncated to {limit} tokens.",
-                stacklevel=4,
-            )
-            tokens = [row[:limit] for row in tokens]
-        return tokens
 
 
 class Translator(BaseTranslator):
@@ -694,22 +475,58 @@ class Translator(BaseTranslator):
             # vocabulary) has no KerasHub counterpart.
             self.tokenizer.save(os.path.join(directory, TOKENIZER_DIR))
 
-    def export(self, directory, overwrite=False):
-        """Writes a TensorFlow SavedModel for serving: its
-        ``serving_default`` signature takes a batch of ``tf.string``
-        sentences and returns their translations and scores, with
-        tokenization, the cached search of this translator's generation
-        settings and detokenization in the graph. It loads with
-        ``tf.saved_model.load`` where only ``tensorflow`` and
-        ``tensorflow-text`` are installed. See
-        `keras_transformer.export.export_translator`.
+    def export(
+        self, directory, overwrite=False, format="savedmodel", quantization=None
+    ):
+        """Writes the translator for serving, in one of two formats.
+
+        ``format="savedmodel"`` (the default): a TensorFlow SavedModel
+        whose ``serving_default`` signature takes a batch of
+        ``tf.string`` sentences and returns their translations and
+        scores, with tokenization, the cached search of this
+        translator's generation settings and detokenization in the
+        graph. It loads with ``tf.saved_model.load`` where only
+        ``tensorflow`` and ``tensorflow-text`` are installed (TF
+        Serving). See `keras_transformer.export.export_translator`.
+
+        ``format="ctranslate2"``: a CTranslate2 model directory, written
+        by CTranslate2's converter API, with the tokenizer and the
+        generation settings beside it, for fast CPU decoding with
+        `keras_transformer.ctranslate2_engine.CTranslate2Translator` or
+        ``keras-transformer translate --engine ctranslate2``. Needs
+        ``pip install "keras-transformer[ctranslate2]"``. See
+        `keras_transformer.ctranslate2_engine.export_ctranslate2`.
 
         Args:
-            directory: the SavedModel directory to write.
+            directory: the directory to write.
             overwrite: replace a non-empty ``directory``; without it a
                 non-empty directory is refused before any work.
+            format: ``"savedmodel"`` or ``"ctranslate2"``.
+            quantization: ``"ctranslate2"`` only: CTranslate2's stored
+                weight type (``"int8"``, ``"int8_float32"``,
+                ``"int16"``, ``"float16"``, ``"bfloat16"``, ...); by
+                default float32, or int8 for an int8 translator.
         """
+        if format not in EXPORT_FORMATS:
+            raise ValueError(
+                f"format={format!r} is not one of {EXPORT_FORMATS}."
+            )
         directory = os.fspath(directory)
+        if format == "ctranslate2":
+            from keras_transformer import ctranslate2_engine
+
+            ctranslate2_engine.require_ctranslate2()
+            ctranslate2_engine.check_quantization(quantization)
+            check_export_directory(directory, overwrite)
+            return ctranslate2_engine.export_ctranslate2(
+                self, directory, quantization
+            )
+        if quantization is not None:
+            raise ValueError(
+                f"quantization={quantization!r} applies to "
+                'format="ctranslate2"; for a SavedModel, quantize the '
+                'translator first: translator.quantize("int8").'
+            )
         check_export_directory(directory, overwrite)
         # TensorFlow is imported only when exporting: translating on
         # JAX or torch does not need it.
@@ -989,15 +806,3 @@ def check_export_directory(directory, overwrite=False):
         raise FileExistsError(
             f"{directory!r} is a file, not a directory; pass another directory."
         )
-
-
-def load_tokenizer_directory(directory):
-    """The tokenizer saved in ``directory``: a `MarianTokenizer` or a
-    `SubwordTokenizer` (``tokenizer.save(directory)``)."""
-    if marian.is_marian_tokenizer_directory(directory):
-        return marian.load_marian_tokenizer(directory)
-    # Imported here: `generation` does not depend on `data` otherwise.
-    # Neither this nor `encode` imports TensorFlow.
-    from keras_transformer.data import load_tokenizer
-
-    return load_tokenizer(directory)

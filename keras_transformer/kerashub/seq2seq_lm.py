@@ -5,7 +5,8 @@ import keras
 import keras_hub
 
 from keras_transformer.data import text_pairs
-from keras_transformer.generation.translator import GenerationConfig, Translator
+from keras_transformer.generation.config import GenerationConfig
+from keras_transformer.generation.translator import Translator
 from keras_transformer.kerashub.backbone import (
     TransformerBackbone,
     check_preset_architecture,
