@@ -11,19 +11,14 @@ import sys
 import sysconfig
 import textwrap
 
-import keras
 import numpy as np
 import pytest
 
 import keras_transformer as kt
 from tests.generation.conftest import (
-    END,
-    PAD,
     SENTENCES,
-    START,
-    TRANSLATOR_MAX_SEQUENCE_LENGTH,
-    build_tiny_model,
     tokenizer,  # noqa: F401 (the fixture)
+    train_reversal_model,
 )
 from tests.marian.conftest import (
     NUM_SENTENCES,
@@ -118,54 +113,9 @@ def assert_served_like_translator(served, translator, sentences):
 # --- a trained tiny translator
 
 
-def _pad(rows, width):
-    array = np.full((len(rows), width), PAD, "int32")
-    for i, row in enumerate(rows):
-        array[i, : len(row)] = row
-    return array
-
-
 @pytest.fixture(scope="module")
 def trained_model(tokenizer):  # noqa: F811
-    """The tiny translator's model trained for a few steps to reverse the
-    words of the test sentences: translations that end, and differ."""
-    model = build_tiny_model(
-        seed=2,
-        vocabulary_size=tokenizer.vocabulary_size,
-        max_sequence_length=TRANSLATOR_MAX_SEQUENCE_LENGTH,
-    )
-    limit = TRANSLATOR_MAX_SEQUENCE_LENGTH - 1
-    reversed_words = [" ".join(s.split()[::-1]) for s in SENTENCES]
-    sources, targets = (
-        [row[:limit] for row in tokenizer.tokenize(texts).to_list()]
-        for texts in (SENTENCES, reversed_words)
-    )
-    width = limit + 1
-    labels = _pad([[*row, END] for row in targets], width)
-    decoder = _pad([[START, *row] for row in targets], width)
-    # Without XLA: compiling the training step would cost more than the
-    # few steps it runs.
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=False,
-    )
-    model.fit(
-        {
-            "encoder_token_ids": _pad([[*row, END] for row in sources], width),
-            "encoder_padding_mask": _pad(
-                [[1] * (len(r) + 1) for r in sources], width
-            ),
-            "decoder_token_ids": decoder,
-            "decoder_padding_mask": (labels != PAD).astype("int32"),
-        },
-        labels,
-        sample_weight=(labels != PAD).astype("float32"),
-        batch_size=len(SENTENCES),
-        epochs=30,
-        verbose=0,
-    )
-    return model
+    return train_reversal_model(tokenizer)
 
 
 @pytest.fixture(scope="module")

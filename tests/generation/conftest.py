@@ -179,3 +179,52 @@ def saved_version_1(translator, tmp_path_factory):
     directory = tmp_path_factory.mktemp("translator-version-1")
     save_version_1(translator, directory)
     return directory
+
+
+def _pad(rows, width):
+    array = np.full((len(rows), width), PAD, "int32")
+    for i, row in enumerate(rows):
+        array[i, : len(row)] = row
+    return array
+
+
+def train_reversal_model(tokenizer):
+    """The tiny translator's model trained for a few steps to reverse the
+    words of the test sentences: translations that end, and differ."""
+    model = build_tiny_model(
+        seed=2,
+        vocabulary_size=tokenizer.vocabulary_size,
+        max_sequence_length=TRANSLATOR_MAX_SEQUENCE_LENGTH,
+    )
+    limit = TRANSLATOR_MAX_SEQUENCE_LENGTH - 1
+    reversed_words = [" ".join(s.split()[::-1]) for s in SENTENCES]
+    sources, targets = (
+        [row[:limit] for row in tokenizer.tokenize(texts).to_list()]
+        for texts in (SENTENCES, reversed_words)
+    )
+    width = limit + 1
+    labels = _pad([[*row, END] for row in targets], width)
+    decoder = _pad([[START, *row] for row in targets], width)
+    # Without XLA: compiling the training step would cost more than the
+    # few steps it runs.
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    model.fit(
+        {
+            "encoder_token_ids": _pad([[*row, END] for row in sources], width),
+            "encoder_padding_mask": _pad(
+                [[1] * (len(r) + 1) for r in sources], width
+            ),
+            "decoder_token_ids": decoder,
+            "decoder_padding_mask": (labels != PAD).astype("int32"),
+        },
+        labels,
+        sample_weight=(labels != PAD).astype("float32"),
+        batch_size=len(SENTENCES),
+        epochs=30,
+        verbose=0,
+    )
+    return model
