@@ -19,7 +19,14 @@ detokenization included, by:
   ``TransformersConverter`` and run by ``ctranslate2.Translator`` on the
   CPU (``intra_threads=--threads``), ``compute_type`` float32 and int8,
   tokenized by the checkpoint's SentencePiece models;
-- ``transformers``: ``MarianMTModel.generate(num_beams=4)``, torch eager.
+- ``transformers``: ``MarianMTModel.generate(num_beams=4)``, torch eager;
+- ``ours_ctranslate2``: the translator of ``ours`` exported by
+  ``Translator.export(format="ctranslate2")`` (this package's converter)
+  and run by `CTranslate2Translator` (``compute_type`` float32 and int8,
+  the same threads), tokenization, truncation and settings this
+  package's: ``ctranslate2_float32`` and ``ctranslate2_int8`` are the
+  same engine on CTranslate2's own conversion of the same weights, and
+  ``vs_same_engine`` is the export's speed over theirs.
 
 Each library batches as it does for its users (ours and CTranslate2 sort
 the sentences by length, ``transformers`` takes them in order). The
@@ -43,6 +50,7 @@ contestants whose packages are missing.
 
 import argparse
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -56,6 +64,12 @@ REFERENCE = "ctranslate2_float32"
 # The contestants whose work runs as torch operations, which
 # ``--profile`` can see (ours on the torch backend).
 PROFILED = ("ours_float32", "ours_int8", "transformers")
+# The export's contestants and CTranslate2's own conversion they are
+# compared with (``vs_same_engine``).
+SAME_ENGINE = {
+    "ours_ctranslate2_float32": "ctranslate2_float32",
+    "ours_ctranslate2_int8": "ctranslate2_int8",
+}
 PROFILE_ROWS = 15
 
 
@@ -137,6 +151,34 @@ def _convert_for_ctranslate2(directory, output):
     return True
 
 
+def _ours_ctranslate2(directory, sentences, sizes, threads):
+    """`CTranslate2Translator` of this package's export of the converted
+    checkpoint, ``{name: translate}`` in float32 and int8."""
+    import keras_transformer as kt
+    from keras_transformer.ctranslate2_engine import CTranslate2Translator
+
+    translator = kt.Translator.from_pretrained(
+        directory, max_length=sizes.max_new_tokens, batch_size=sizes.batch_size
+    )
+    # CTranslate2's beam search stops when beam_size hypotheses have
+    # finished: transformers' early_stopping=True.
+    translator.generation_config = translator.generation_config.replace(
+        early_stopping=True
+    )
+    exported = translator.export(
+        os.path.join(directory, "ours_ctranslate2"), format="ctranslate2"
+    )
+    contestants = {}
+    for compute_type in ("float32", "int8"):
+        served = CTranslate2Translator(
+            exported, compute_type=compute_type, intra_threads=threads
+        )
+        contestants[f"ours_ctranslate2_{compute_type}"] = functools.partial(
+            served.translate, sentences, verbose=False
+        )
+    return contestants
+
+
 def _ctranslate2(model, directory, sentences, sizes, compute_type, threads):
     """``ctranslate2.Translator.translate_batch`` with SentencePiece
     tokenization: source pieces and the end token in, target pieces out,
@@ -204,9 +246,14 @@ def _contestants(directory, sentences, sizes, args):
                 compute_type,
                 args.threads,
             )
+        contestants.update(
+            _ours_ctranslate2(directory, sentences, sizes, args.threads)
+        )
     elif args.smoke:
         reason = "ctranslate2 is not installed"
-        skipped.update(ctranslate2_float32=reason, ctranslate2_int8=reason)
+        skipped.update(
+            {name: reason for name in (*SAME_ENGINE, *SAME_ENGINE.values())}
+        )
     else:
         raise SystemExit(
             "ctranslate2 is not installed: pip install ctranslate2 (or "
@@ -252,6 +299,9 @@ def _rows(contestants, skipped, seconds, translations, count):
                 a == b
                 for a, b in zip(translations[name], reference, strict=True)
             )
+        if name in SAME_ENGINE:
+            ratio = _common.ratios(speed, name, SAME_ENGINE[name])
+            row["vs_same_engine"] = round(ratio["median"], 3)
         rows.append(row)
     rows += [{"contestant": n, "skipped": r} for n, r in skipped.items()]
     return rows
@@ -297,6 +347,7 @@ def main(argv=None):
                 ("sentences/s", "sentences_per_s"),
                 ("vs ctranslate2 float32", "vs_ctranslate2_float32"),
                 ("same translations", "same_as_ctranslate2_float32"),
+                ("vs same engine", "vs_same_engine"),
                 ("skipped", "skipped"),
             ],
         )

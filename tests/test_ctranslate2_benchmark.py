@@ -43,6 +43,8 @@ def test_smoke_times_every_contestant(smoke):
         "ours_float32",
         "ctranslate2_float32",
         "ctranslate2_int8",
+        "ours_ctranslate2_float32",
+        "ours_ctranslate2_int8",
         "transformers",
     }
     assert timed <= set(rows)
@@ -89,6 +91,31 @@ def test_ours_translates_as_ctranslate2_on_the_same_weights(smoke):
     assert same >= 6
     # The row counts what it names: CTranslate2 equals itself.
     assert rows["ctranslate2_float32"]["same_as_ctranslate2_float32"] == 8
+
+
+def test_the_export_runs_on_the_same_engine(smoke):
+    """The export's rows: speeds over CTranslate2's own conversion run by
+    the same engine, in the same type, exactly the ratio of the one
+    round's speeds up to the report's rounding; and the export translates
+    as CTranslate2's conversion does."""
+    _, written = smoke
+    rows = {row["contestant"]: row for row in written["rows"]}
+    for name, peer in benchmark.SAME_ENGINE.items():
+        expected = rows[name]["sentences_per_s"] / rows[peer]["sentences_per_s"]
+        assert rows[name]["vs_same_engine"] == pytest.approx(
+            expected, rel=2e-2, abs=1e-3
+        )
+        assert "vs_same_engine" not in rows[peer]
+    translations = written["translations"]
+    same = sum(
+        a == b
+        for a, b in zip(
+            translations["ours_ctranslate2_float32"],
+            translations["ctranslate2_float32"],
+            strict=True,
+        )
+    )
+    assert same >= 6
 
 
 def test_profile_lists_the_costliest_torch_operations(smoke):
