@@ -223,7 +223,7 @@ def test_the_gnmt_penalty_and_other_stopping_rules_are_named(
     with pytest.warns(UserWarning, match="no GNMT length penalty"):
         served.translate(batch[:2], verbose=False)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
         served.translate(batch[:2], verbose=False)
     with pytest.warns(UserWarning, match="early_stopping=False"):
         served.translate(
@@ -470,6 +470,40 @@ def test_command_line_n_best_evaluate_and_score(saved_greedy, tmp_path, capsys):
         rtol=0,
         atol=SCORE_TOLERANCE,
     )
+
+
+def test_bleu_benchmark_rows(translators, multi30k_dir, tmp_path):
+    """`benchmarks.ctranslate2_bleu` on the trained translator saved as
+    it is (beam 4, GNMT penalty): every row translates the split, and
+    CTranslate2 in float32 gives exactly the Keras engine's translations
+    with the search it runs ("hf", early stopping)."""
+    from benchmarks import ctranslate2_bleu
+
+    translator, _ = translators["trained"]
+    translator.save(tmp_path / "saved")
+    output = tmp_path / "bleu.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        report = ctranslate2_bleu.main(
+            [
+                "--model",
+                str(tmp_path / "saved"),
+                "--data-dir",
+                str(multi30k_dir),
+                "--limit",
+                "12",
+                "--threads",
+                "0",
+                "--output",
+                str(output),
+            ]
+        )
+    assert json.loads(output.read_text()) == json.loads(json.dumps(report))
+    rows = {row["row"]: row for row in report["rows"]}
+    assert list(rows) == [" ".join(row) for row in ctranslate2_bleu.ROWS]
+    assert report["sentences"] == 12 and report["beam_size"] == 4
+    assert all(0 <= row["bleu"] <= 100 for row in rows.values())
+    assert rows["ctranslate2 float32 hf"]["same_as_keras_float32_hf"] == 12
 
 
 def test_command_line_without_ctranslate2_names_the_extra(tmp_path):
