@@ -590,16 +590,8 @@ class CTranslate2Translator(BaseTranslator):
         """`Translator.score` through CTranslate2's ``score_batch``: the
         ``(score, log_prob)`` of each target as the translation of its
         sentence, teacher-forced."""
-        sentences = self._check_sentences(sentences)
-        targets = self._check_sentences(targets)
-        if len(targets) != len(sentences):
-            raise ValueError(
-                f"There are {len(sentences)} sentences but {len(targets)} "
-                "targets; pass one target per sentence."
-            )
+        sources, hypotheses = self._score_inputs(sentences, targets)
         config = self.generation_config
-        sources = self._tokenize(sentences, config)
-        hypotheses = self._tokenize(targets, config)
         outputs = self.engine.score_batch(
             [[self.source_tokens[t] for t in row] for row in sources],
             [[self.target_tokens[t] for t in row] for row in hypotheses],

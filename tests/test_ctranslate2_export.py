@@ -34,7 +34,10 @@ from tests.generation.conftest import (  # noqa: F401
     tokenizer,
     train_reversal_model,
 )
-from tests.marian.conftest import marian_checkpoint  # noqa: F401
+from tests.marian.conftest import (  # noqa: F401
+    marian_checkpoint,
+    mixed_batch,
+)
 
 # Far more subword tokens than the tiny models' max_sequence_length, and
 # longer than any training sentence: truncated, with a warning.
@@ -85,14 +88,7 @@ def translators(tokenizer, marian_checkpoint):
         batch_size=2,
     )
     sentences = marian_checkpoint["sentences"]
-    marian_batch = [
-        sentences[0],
-        "",
-        " ".join(sentences * 3),
-        f">>deu<< {sentences[1]}",
-        sentences[2],
-        "\n",
-    ]
+    marian_batch = mixed_batch(sentences)
     marian = kt.Translator.from_pretrained(
         marian_checkpoint["directory"], max_length=14, batch_size=4
     )

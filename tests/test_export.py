@@ -23,6 +23,7 @@ from tests.generation.conftest import (
 from tests.marian.conftest import (
     NUM_SENTENCES,
     marian_checkpoint,  # noqa: F401 (the fixture)
+    mixed_batch,
 )
 
 # Far more subword tokens than the tiny model's max_sequence_length.
@@ -228,14 +229,7 @@ def marian_export(marian_checkpoint, tmp_path_factory):  # noqa: F811
     ``transformers``' length penalty and stopping rule), exported once."""
     sentences = marian_checkpoint["sentences"]
     assert len(sentences) == NUM_SENTENCES
-    batch = [
-        sentences[0],
-        "",
-        " ".join(sentences * 3),
-        f">>deu<< {sentences[1]}",
-        sentences[2],
-        "\n",
-    ]
+    batch = mixed_batch(sentences)
     translator = kt.Translator.from_pretrained(
         marian_checkpoint["directory"], max_length=14, batch_size=4
     )

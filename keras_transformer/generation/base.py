@@ -121,6 +121,21 @@ class BaseTranslator:
                 )
         return list(sentences)
 
+    def _score_inputs(self, sentences, targets):
+        """The subword ids of sentences and of their targets, checked to
+        be as many (`score`'s inputs)."""
+        sentences = self._check_sentences(sentences)
+        targets = self._check_sentences(targets)
+        if len(targets) != len(sentences):
+            raise ValueError(
+                f"There are {len(sentences)} sentences but {len(targets)} "
+                "targets; pass one target per sentence."
+            )
+        config = self.generation_config
+        return self._tokenize(sentences, config), self._tokenize(
+            targets, config
+        )
+
     def _tokenize(self, sentences, config):
         if not sentences:
             return []

@@ -203,17 +203,9 @@ class Translator(BaseTranslator):
             penalty, and the total log-probability of the target tokens
             and the end token.
         """
-        sentences = self._check_sentences(sentences)
-        targets = self._check_sentences(targets)
-        if len(targets) != len(sentences):
-            raise ValueError(
-                f"There are {len(sentences)} sentences but {len(targets)} "
-                "targets; pass one target per sentence."
-            )
+        sources, hypotheses = self._score_inputs(sentences, targets)
         config = self.generation_config
         batch_size = batch_size or config.batch_size
-        sources = self._tokenize(sentences, config)
-        hypotheses = self._tokenize(targets, config)
         results = []
         for begin in range(0, len(sources), batch_size):
             end = begin + batch_size

@@ -169,6 +169,19 @@ def marian_checkpoint(tmp_path_factory):
     }
 
 
+def mixed_batch(sentences):
+    """A batch of the checkpoint's sentences with an empty one, one longer
+    than the model takes, one with a language code and a lone newline."""
+    return [
+        sentences[0],
+        "",
+        " ".join(sentences * 3),
+        f">>deu<< {sentences[1]}",
+        sentences[2],
+        "\n",
+    ]
+
+
 def hf_generate(checkpoint, **options):
     """``MarianMTModel.generate`` on the checkpoint's sentences: a list of
     generated id lists (start token, end token and padding removed)."""
